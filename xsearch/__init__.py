@@ -1,0 +1,54 @@
+"""xsearch: hardware-aware search and compression of efficient-attention Transformers.
+
+Public names resolve lazily so that ``import xsearch`` stays light (it does not import
+torch); the deployment runtime in ``xsearch.export`` needs only onnxruntime and numpy.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "list_attentions": "xsearch.attention",
+    "attention_spec": "xsearch.attention",
+    "build_attention": "xsearch.attention",
+    "AttentionSpec": "xsearch.attention",
+    "ModelConfig": "xsearch.config",
+    "build_model": "xsearch.model",
+    "count_parameters": "xsearch.model",
+    "save_model": "xsearch.serialization",
+    "load_model": "xsearch.serialization",
+    "load_config": "xsearch.serialization",
+    "train": "xsearch.training",
+    "evaluate": "xsearch.training",
+    "TrainingDiverged": "xsearch.training",
+    "TrainResult": "xsearch.training",
+}
+_SUBMODULES = ("tasks", "attention", "compress", "export", "search_spaces")
+
+__all__ = sorted([*_LAZY, *_SUBMODULES, "__version__"])
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    if name in _SUBMODULES:
+        return importlib.import_module(f"xsearch.{name}")
+    raise AttributeError(f"module 'xsearch' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return __all__
+
+
+if TYPE_CHECKING:  # pragma: no cover
+    from xsearch.attention import AttentionSpec, attention_spec, build_attention, list_attentions
+    from xsearch.config import ModelConfig
+    from xsearch.model import build_model, count_parameters
+    from xsearch.serialization import load_config, load_model, save_model
+    from xsearch.training import TrainingDiverged, TrainResult, evaluate, train

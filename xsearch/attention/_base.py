@@ -1,0 +1,253 @@
+"""The attention interface every variant implements, and its declarative spec.
+
+Every variant maps ``x: (B, N, D)`` with an optional key-padding ``mask: bool (B, N)``
+(True = real token) to ``(B, N, D)``. Projections are named ``q_proj``, ``k_proj``,
+``v_proj`` and ``out_proj`` so that pruning, adapters and quantization find them by name,
+and heads are split as ``view(B, N, n_heads, head_dim)``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+FAMILIES = {
+    "FP": "Fixed Patterns",
+    "M": "Memory",
+    "LP": "Learnable Patterns",
+    "LR": "Low-Rank",
+    "KR": "Kernels",
+    "RC": "Recurrence",
+}
+
+
+@dataclass(frozen=True)
+class AttentionSpec:
+    """What a variant is: its paper, survey family, cost, decoder support and parameters.
+
+    Attributes:
+        name: registry name, e.g. ``"linformer"``.
+        paper: title of the paper that introduced the method.
+        family: survey family codes (``FP``, ``M``, ``LP``, ``LR``, ``KR``, ``RC``).
+        complexity: asymptotic cost in the sequence length, e.g. ``"O(N·k)"``.
+        causal: whether the variant can be used as a decoder (no look-ahead).
+        params: hyper-parameter name -> default value.
+        quadratic: whether the cost grows as N² (the baseline class).
+        small_params: overrides of ``params`` for a small instance (d_model 32, max_len 64):
+            used by the conformance tests and the ``tiny`` search space.
+    """
+
+    name: str
+    paper: str
+    family: tuple[str, ...]
+    complexity: str
+    causal: bool
+    params: dict[str, Any] = field(default_factory=dict)
+    quadratic: bool = False
+    small_params: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        bad = [f for f in self.family if f not in FAMILIES]
+        if bad:
+            raise ValueError(f"attention {self.name!r}: unknown family code(s) {bad}; valid: {list(FAMILIES)}")
+        self.resolve_params(self.small_params)
+
+    def resolve_params(self, params: dict[str, Any]) -> dict[str, Any]:
+        """Merge ``params`` over the defaults, checking names and types.
+
+        Raises:
+            ValueError: an unknown parameter name, or a value of the wrong type.
+        """
+        unknown = sorted(set(params) - set(self.params))
+        if unknown:
+            valid = ", ".join(sorted(self.params)) or "none"
+            raise ValueError(f"attention {self.name!r} has no parameter {unknown[0]!r} (valid: {valid})")
+        out = dict(self.params)
+        for key, value in params.items():
+            out[key] = _coerce(self.name, key, value, self.params[key])
+        return out
+
+
+def _coerce(name: str, key: str, value: Any, default: Any) -> Any:
+    """Check ``value`` against the type of ``default`` (ints accepted where floats are)."""
+    kind = type(default)
+    if kind is bool:
+        ok = isinstance(value, bool)
+    elif kind is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif kind is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        value = float(value) if ok else value
+    elif default is None:
+        ok = True
+    else:
+        ok = isinstance(value, kind)
+    if not ok:
+        raise ValueError(
+            f"attention {name!r}: parameter {key!r} must be {kind.__name__}, got {value!r} ({type(value).__name__})"
+        )
+    return value
+
+
+class Attention(nn.Module):
+    """Base class of every attention variant.
+
+    Subclasses set ``spec`` (through ``@register``), validate their parameters in
+    ``check_params`` and implement ``attend(q, k, v, mask)`` on head-split tensors, or
+    override ``forward`` when the method is not a function of q, k and v alone.
+    """
+
+    spec: ClassVar[AttentionSpec]
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        *,
+        causal: bool = False,
+        max_len: int | None = None,
+        dropout: float = 0.0,
+        head_dim: int | None = None,
+        **params: Any,
+    ) -> None:
+        super().__init__()
+        if not isinstance(d_model, int) or d_model <= 0:
+            raise ValueError(f"d_model must be a positive int, got {d_model!r}")
+        if not isinstance(n_heads, int) or n_heads <= 0:
+            raise ValueError(f"n_heads must be a positive int, got {n_heads!r}")
+        if head_dim is None:
+            if d_model % n_heads:
+                raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}; pass head_dim")
+            head_dim = d_model // n_heads
+        if not isinstance(head_dim, int) or head_dim <= 0:
+            raise ValueError(f"head_dim must be a positive int, got {head_dim!r}")
+        if max_len is not None and (not isinstance(max_len, int) or max_len <= 0):
+            raise ValueError(f"max_len must be a positive int or None, got {max_len!r}")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout!r}")
+        if causal and not self.spec.causal:
+            decoders = ", ".join(_causal_names())
+            raise ValueError(f"attention {self.spec.name!r} cannot be causal (decoder-capable: {decoders})")
+        self.d_model = d_model
+        self.n_heads = n_heads
+        self.head_dim = head_dim
+        self.causal = bool(causal)
+        self.max_len = max_len
+        self.params = self.spec.resolve_params(params)
+        self.check_params(**self.params)
+        inner = n_heads * head_dim
+        self.q_proj = nn.Linear(d_model, inner)
+        self.k_proj = nn.Linear(d_model, inner)
+        self.v_proj = nn.Linear(d_model, inner)
+        self.out_proj = nn.Linear(inner, d_model)
+        self.dropout = nn.Dropout(dropout)
+        self.dropout_p = dropout
+
+    # -- hooks for subclasses -------------------------------------------------------------
+    def check_params(self, **params: Any) -> None:
+        """Validate parameter values; raise ``ValueError`` naming the bad one."""
+
+    def attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        """Attention on head-split tensors ``(B, H, N, Dh)``; returns ``(B, H, N, Dh)``."""
+        raise NotImplementedError  # abstractmethod: every variant defines attend or forward
+
+    # -- shared machinery --------------------------------------------------------------
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        mask = self.check_input(x, mask)
+        q = self.split_heads(self.q_proj(x))
+        k = self.split_heads(self.k_proj(x))
+        v = self.split_heads(self.v_proj(x))
+        out = self.attend(q, k, v, mask)  # (B, H, N, Dh)
+        return self.finish(out, mask)
+
+    def check_input(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor | None:
+        """Validate shapes; return the mask as bool (or None when absent)."""
+        if not isinstance(x, torch.Tensor) or x.dim() != 3:
+            shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+            raise ValueError(f"{self.spec.name}: x must be a 3-D tensor (B, N, D), got shape {shape}")
+        if x.shape[-1] != self.d_model:
+            raise ValueError(f"{self.spec.name}: x has D={x.shape[-1]} but d_model={self.d_model}")
+        n = x.shape[1]
+        if self.max_len is not None and not torch.compiler.is_compiling() and n > self.max_len:
+            raise ValueError(f"{self.spec.name}: sequence length {n} exceeds max_len={self.max_len}")
+        if mask is None:
+            return None
+        if mask.shape != x.shape[:2]:
+            raise ValueError(f"{self.spec.name}: mask shape {tuple(mask.shape)} != (B, N) = {tuple(x.shape[:2])}")
+        return mask.bool()
+
+    def split_heads(self, t: torch.Tensor) -> torch.Tensor:
+        """``(B, N, H*Dh)`` -> ``(B, H, N, Dh)``."""
+        b, n, _ = t.shape
+        return t.view(b, n, self.n_heads, self.head_dim).transpose(1, 2)
+
+    def merge_heads(self, t: torch.Tensor) -> torch.Tensor:
+        """``(B, H, N, Dh)`` -> ``(B, N, H*Dh)``."""
+        b, _, n, _ = t.shape
+        return t.transpose(1, 2).reshape(b, n, self.n_heads * self.head_dim)
+
+    def finish(self, out: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """Merge heads, project out, and zero padded positions (their values are undefined)."""
+        y = self.dropout(self.out_proj(self.merge_heads(out)))
+        if mask is not None:
+            y = y * mask.unsqueeze(-1).to(y.dtype)
+        return y
+
+    @property
+    def scale(self) -> float:
+        return 1.0 / math.sqrt(self.head_dim)
+
+    def extra_repr(self) -> str:
+        ps = ", ".join(f"{k}={v}" for k, v in self.params.items())
+        return f"d_model={self.d_model}, n_heads={self.n_heads}, head_dim={self.head_dim}, causal={self.causal}" + (
+            f", {ps}" if ps else ""
+        )
+
+
+def _causal_names() -> list[str]:
+    from xsearch.attention._registry import list_attentions
+
+    return list_attentions(causal=True)
+
+
+def positive_int(name: str, key: str, value: int) -> None:
+    """Raise ``ValueError`` unless ``value`` is a positive int."""
+    if value <= 0:
+        raise ValueError(f"attention {name!r}: parameter {key!r} must be > 0, got {value!r}")
+
+
+def pad_to_multiple(t: torch.Tensor, multiple: int, dim: int, value: float = 0.0) -> torch.Tensor:
+    """Pad ``t`` along ``dim`` at the end so its size is a multiple of ``multiple``."""
+    # No branch on the size: with a symbolic length (ONNX export) a zero-width pad is free
+    # while a data-dependent `if` would freeze the length into the graph.
+    extra = (-t.shape[dim]) % multiple
+    pad_shape = list(t.shape)
+    pad_shape[dim] = extra
+    return torch.cat([t, t.new_full(pad_shape, value)], dim=dim)
+
+
+def sdpa(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    allowed: torch.Tensor | None = None,
+    *,
+    causal: bool = False,
+    dropout_p: float = 0.0,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """Softmax attention through the fused kernel; ``allowed`` is a bool mask (True = may attend).
+
+    Callers guarantee every query row has at least one allowed key (a padded query is
+    allowed its own position), so no row is fully masked: eager torch and exported
+    graphs disagree on fully masked rows.
+    """
+    return torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, attn_mask=allowed, dropout_p=dropout_p, is_causal=causal and allowed is None, scale=scale
+    )

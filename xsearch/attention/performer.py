@@ -1,0 +1,93 @@
+"""Performer (Choromanski et al.): FAVOR+ with positive orthogonal random features."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from xsearch.attention._base import Attention, AttentionSpec, positive_int
+from xsearch.attention._kernel_core import kernel_attention
+from xsearch.attention._registry import register
+
+
+def orthogonal_features(m: int, d: int, generator: torch.Generator | None = None) -> torch.Tensor:
+    """``(m, d)`` random projection: stacked orthogonal blocks, rows scaled by chi(d) norms.
+
+    Rows within each d x d block are exactly orthogonal (QR of a Gaussian matrix); the
+    norms follow those of Gaussian vectors so each row is marginally N(0, I_d).
+    """
+    blocks = []
+    for _ in range(math.ceil(m / d)):
+        g = torch.randn(d, d, generator=generator)
+        qmat, _ = torch.linalg.qr(g)
+        blocks.append(qmat.T)
+    w = torch.cat(blocks, dim=0)[:m]
+    norms = torch.randn(m, d, generator=generator).norm(dim=1, keepdim=True)
+    return w * norms
+
+
+@register(
+    AttentionSpec(
+        name="performer",
+        paper="Rethinking Attention with Performers",
+        family=("KR",),
+        complexity="O(N·m·d)",
+        causal=True,
+        params={"nb_features": 256, "redraw": 0, "chunk_size": 128},
+        small_params={"nb_features": 32, "chunk_size": 16},
+    )
+)
+class PerformerAttention(Attention):
+    """FAVOR+: ``phi(x) = exp(w·x - |x|²/2) / sqrt(m)`` with ``x = q / d^(1/4)``, an unbiased
+    estimate of the softmax kernel. The projection is a buffer drawn from torch's (seeded)
+    global generator at construction and, in training, every ``redraw`` steps (0 = never);
+    eval mode is deterministic.
+
+    Stabilisers: each query row subtracts its own max (it cancels in the ratio). Keys subtract
+    the max over real keys in the encoder; in causal mode that would make early outputs depend
+    numerically on later keys, so the decoder uses the data-independent bound
+    ``w·x - |x|²/2 <= |w|²/2`` instead.
+    """
+
+    def check_params(self, nb_features, redraw, chunk_size):
+        positive_int("performer", "nb_features", nb_features)
+        positive_int("performer", "chunk_size", chunk_size)
+        if redraw < 0:
+            raise ValueError(f"attention 'performer': parameter 'redraw' must be >= 0, got {redraw}")
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        m = self.params["nb_features"]
+        self.register_buffer("projection", orthogonal_features(m, self.head_dim))
+        self.register_buffer("steps_since_redraw", torch.zeros((), dtype=torch.long))
+
+    def redraw_features(self) -> None:
+        """Draw a fresh projection (in place, so the buffer keeps its identity)."""
+        w = orthogonal_features(self.params["nb_features"], self.head_dim)
+        self.projection.copy_(w.to(self.projection))
+
+    def _features(self, x: torch.Tensor, is_query: bool, mask: torch.Tensor | None) -> torch.Tensor:
+        x = x * self.head_dim**-0.25
+        logits = x @ self.projection.T - 0.5 * (x * x).sum(-1, keepdim=True)  # (B, H, N, M)
+        if is_query:
+            stab = logits.amax(dim=-1, keepdim=True).detach()
+        elif self.causal:
+            stab = 0.5 * (self.projection**2).sum(-1).amax()
+        else:
+            masked = logits if mask is None else logits.masked_fill(~mask[:, None, :, None], -1e30)
+            stab = masked.amax(dim=(-2, -1), keepdim=True).detach()
+        return torch.exp(logits - stab) * self.params["nb_features"] ** -0.5
+
+    def attend(self, q, k, v, mask):
+        redraw = self.params["redraw"]
+        if self.training and redraw > 0:
+            if int(self.steps_since_redraw) >= redraw:
+                self.redraw_features()
+                self.steps_since_redraw.zero_()
+            self.steps_since_redraw += 1
+        phi_q = self._features(q, True, mask)
+        phi_k = self._features(k, False, mask)
+        if mask is not None:
+            phi_k = phi_k * mask[:, None, :, None].to(phi_k.dtype)
+        return kernel_attention(phi_q, phi_k, v, causal=self.causal, chunk=self.params["chunk_size"])

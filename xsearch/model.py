@@ -1,0 +1,161 @@
+"""The xsearch Transformer: embedding + positions + pre-LN blocks + a classify or LM head."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from xsearch.attention import build_attention
+from xsearch.config import ModelConfig
+
+
+def _exporting() -> bool:
+    return torch.compiler.is_compiling() or torch.jit.is_tracing()
+
+
+class FeedForward(nn.Module):
+    """Position-wise MLP ``fc2(gelu(fc1(x)))``."""
+
+    def __init__(self, d_model: int, d_ff: int, dropout: float) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(d_model, d_ff)
+        self.fc2 = nn.Linear(d_ff, d_model)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.fc2(F.gelu(self.fc1(x))))
+
+
+class Block(nn.Module):
+    """Pre-LN Transformer block; ``attn`` and ``ffn`` may be modules shared with other blocks."""
+
+    def __init__(self, d_model: int, attn: nn.Module, ffn: nn.Module) -> None:
+        super().__init__()
+        self.ln1 = nn.LayerNorm(d_model)
+        self.attn = attn
+        self.ln2 = nn.LayerNorm(d_model)
+        self.ffn = ffn
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x), mask)
+        return x + self.ffn(self.ln2(x))
+
+
+def sinusoidal_positions(n: int, d: int) -> torch.Tensor:
+    """``(n, d)`` sinusoidal position table of Vaswani et al."""
+    pos = torch.arange(n, dtype=torch.float32)[:, None]
+    i = torch.arange(0, d, 2, dtype=torch.float32)
+    angle = pos / torch.pow(10000.0, i / d)
+    table = torch.zeros(n, d)
+    table[:, 0::2] = torch.sin(angle)
+    table[:, 1::2] = torch.cos(angle[:, : d // 2])
+    return table
+
+
+class XSearchModel(nn.Module):
+    """A Transformer built from a ``ModelConfig``.
+
+    ``forward(input_ids: long[B, N], mask: bool[B, N] | None)`` returns ``[B, n_classes]``
+    (classify: mean over real tokens) or ``[B, N, vocab_size]`` (lm).
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        c = config
+        self.embed = nn.Embedding(c.vocab_size, c.d_model, padding_idx=0)
+        if c.pos_encoding == "learned":
+            self.pos = nn.Embedding(c.max_len, c.d_model)
+        else:
+            self.register_buffer("pos_table", sinusoidal_positions(c.max_len, c.d_model), persistent=False)
+        self.drop = nn.Dropout(c.dropout)
+        self.blocks = nn.ModuleList(self._build_blocks(c))
+        self.ln_f = nn.LayerNorm(c.d_model)
+        out = c.n_classes if c.head == "classify" else c.vocab_size
+        self.head = nn.Linear(c.d_model, out)
+
+    def _build_blocks(self, c: ModelConfig) -> list[Block]:
+        def attn() -> nn.Module:
+            return build_attention(
+                c.attention,
+                c.d_model,
+                c.n_heads,
+                causal=c.causal,
+                max_len=c.max_len,
+                dropout=c.dropout,
+                head_dim=c.head_dim,
+                **c.attention_params,
+            )
+
+        dims = c.ffn_dims or [c.d_ff] * c.n_layers
+        if c.weight_sharing == "all":
+            return [Block(c.d_model, attn(), FeedForward(c.d_model, dims[0], c.dropout))]
+        shared_attn = attn() if c.weight_sharing == "attention" else None
+        shared_ffn = FeedForward(c.d_model, dims[0], c.dropout) if c.weight_sharing == "ffn" else None
+        return [
+            Block(c.d_model, shared_attn or attn(), shared_ffn or FeedForward(c.d_model, dims[i], c.dropout))
+            for i in range(c.n_layers)
+        ]
+
+    def layers(self) -> list[Block]:
+        """The block applied at each depth (the same object repeated under ``weight_sharing="all"``)."""
+        if self.config.weight_sharing == "all":
+            return [self.blocks[0]] * self.config.n_layers
+        return list(self.blocks)
+
+    def hidden_states(self, input_ids: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Final (layer-normed) hidden states ``(B, N, d_model)``."""
+        mask = self._check(input_ids, mask)
+        n = input_ids.shape[1]
+        x = self.embed(input_ids)
+        x = x + (self.pos.weight[:n] if self.config.pos_encoding == "learned" else self.pos_table[:n])
+        x = self.drop(x)
+        for block in self.layers():
+            x = block(x, mask)
+        return self.ln_f(x)
+
+    def forward(self, input_ids: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        h = self.hidden_states(input_ids, mask)
+        if self.config.head == "lm":
+            return self.head(h)
+        if mask is None:
+            pooled = h.mean(dim=1)
+        else:
+            m = mask.to(h.dtype).unsqueeze(-1)
+            pooled = (h * m).sum(dim=1) / m.sum(dim=1).clamp(min=1.0)
+        return self.head(pooled)
+
+    def _check(self, input_ids: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor | None:
+        if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
+            shape = tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__
+            raise ValueError(f"input_ids must be a 2-D tensor (B, N), got {shape}")
+        if input_ids.dtype not in (torch.int64, torch.int32):
+            raise ValueError(f"input_ids must be int64, got {input_ids.dtype}")
+        if mask is not None and mask.shape != input_ids.shape:
+            raise ValueError(f"mask shape {tuple(mask.shape)} != input_ids shape {tuple(input_ids.shape)}")
+        if not _exporting():
+            n = input_ids.shape[1]
+            if n > self.config.max_len:
+                raise ValueError(f"sequence length {n} exceeds max_len={self.config.max_len}")
+            if n == 0:
+                raise ValueError("input_ids has length 0")
+            if input_ids.numel() and (input_ids.min() < 0 or input_ids.max() >= self.config.vocab_size):
+                bad = input_ids[(input_ids < 0) | (input_ids >= self.config.vocab_size)][0].item()
+                raise ValueError(f"token id {bad} outside the vocabulary [0, {self.config.vocab_size})")
+        return None if mask is None else mask.bool()
+
+
+def build_model(cfg: ModelConfig | dict) -> XSearchModel:
+    """Build an ``XSearchModel`` from a ``ModelConfig`` (or its dict form)."""
+    if isinstance(cfg, dict):
+        cfg = ModelConfig.from_dict(cfg)
+    if not isinstance(cfg, ModelConfig):
+        raise ValueError(f"build_model needs a ModelConfig or dict, got {type(cfg).__name__}")
+    return XSearchModel(cfg)
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Number of distinct parameters (shared weights counted once)."""
+    return sum(p.numel() for p in model.parameters())
+
