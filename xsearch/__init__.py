@@ -47,8 +47,8 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # pragma: no cover
-    from xsearch.attention import AttentionSpec, attention_spec, build_attention, list_attentions
-    from xsearch.config import ModelConfig
-    from xsearch.model import build_model, count_parameters
-    from xsearch.serialization import load_config, load_model, save_model
-    from xsearch.training import TrainingDiverged, TrainResult, evaluate, train
+    from xsearch.attention import AttentionSpec, attention_spec, build_attention, list_attentions  # noqa: F401
+    from xsearch.config import ModelConfig  # noqa: F401
+    from xsearch.model import build_model, count_parameters  # noqa: F401
+    from xsearch.serialization import load_config, load_model, save_model  # noqa: F401
+    from xsearch.training import TrainingDiverged, TrainResult, evaluate, train  # noqa: F401

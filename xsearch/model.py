@@ -158,4 +158,3 @@ def build_model(cfg: ModelConfig | dict) -> XSearchModel:
 def count_parameters(model: nn.Module) -> int:
     """Number of distinct parameters (shared weights counted once)."""
     return sum(p.numel() for p in model.parameters())
-

@@ -151,9 +151,7 @@ class Attention(nn.Module):
     def check_params(self, **params: Any) -> None:
         """Validate parameter values; raise ``ValueError`` naming the bad one."""
 
-    def attend(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
-    ) -> torch.Tensor:
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """Attention on head-split tensors ``(B, H, N, Dh)``; returns ``(B, H, N, Dh)``."""
         raise NotImplementedError  # abstractmethod: every variant defines attend or forward
 

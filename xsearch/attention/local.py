@@ -5,8 +5,6 @@ the Image Transformer's 1-D local attention): the sequence is cut into blocks of
 
 from __future__ import annotations
 
-import torch
-
 from xsearch.attention._base import Attention, AttentionSpec, positive_int
 from xsearch.attention._blocks import (
     block_windows,
