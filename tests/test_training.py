@@ -1,0 +1,66 @@
+import math
+
+import pytest
+import torch
+
+import xsearch
+from xsearch.tasks import get_task
+
+
+@pytest.fixture(scope="module")
+def task():
+    return get_task("listops", n_train=256, n_valid=64, n_test=64, min_len=16, max_len=48, max_depth=3, seed=2)
+
+
+def small_model(task, **kw):
+    torch.manual_seed(0)
+    return xsearch.build_model(xsearch.ModelConfig(**task.model_fields(), d_model=32, n_layers=1, n_heads=2, **kw))
+
+
+def test_training_lowers_the_loss(task):
+    model = small_model(task, attention="local", attention_params={"block_size": 16})
+    losses = []
+    xsearch.train(
+        model, task, steps=1, batch_size=64, lr=0, progress=False,
+        loss_fn=lambda m, i, k, l: losses.append(xsearch.training.task_loss(m, i, k, l)) or losses[-1],
+    )
+    before = losses[0].item()
+    result = xsearch.train(model, task, steps=120, batch_size=32, lr=3e-3, progress=False, eval_every=40)
+    assert result.steps == 120 and len(result.history) == 3
+    assert result.final_loss < before - 0.2, (before, result.final_loss)
+    acc = xsearch.evaluate(model, task, "test")
+    assert 0.0 <= acc <= 1.0
+    assert not model.training
+
+
+def test_seconds_budget(task):
+    model = small_model(task)
+    result = xsearch.train(model, task, seconds=1.0, batch_size=8, progress=False)
+    assert result.steps > 0 and result.seconds >= 1.0
+
+
+def test_divergence_is_reported(task):
+    model = small_model(task)
+    with torch.no_grad():
+        model.head.weight.fill_(float("nan"))
+    with pytest.raises(xsearch.TrainingDiverged, match="step 0"):
+        xsearch.train(model, task, steps=5, progress=False)
+
+
+def test_lm_bits_per_byte():
+    t = get_task("lm", max_len=32)
+    model = xsearch.build_model(
+        xsearch.ModelConfig(**t.model_fields(), d_model=32, n_layers=1, n_heads=2, attention="linear")
+    )
+    bpb = xsearch.evaluate(model, t, "test", max_batches=2)
+    assert abs(bpb - math.log2(257)) < 1.5  # an untrained model is near uniform over 257 ids
+    xsearch.train(model, t, steps=60, batch_size=16, lr=3e-3, progress=False)
+    assert xsearch.evaluate(model, t, "test", max_batches=2) < bpb - 1.0
+
+
+def test_bad_arguments(task):
+    model = small_model(task)
+    with pytest.raises(ValueError, match="steps= or seconds="):
+        xsearch.train(model, task)
+    with pytest.raises(ValueError, match="split"):
+        xsearch.evaluate(model, task, "dev")

@@ -1,0 +1,297 @@
+"""The ``xsearch`` command line. Errors a user can cause print one line and exit with status 2."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+EXIT_USAGE = 2
+
+
+class UsageError(Exception):
+    """A bad command line or input; printed as one line, exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line instead of usage + message
+        raise UsageError(f"{self.prog}: {message}")
+
+
+def parse_value(text: str) -> Any:
+    """``"64"`` -> 64, ``"0.5"`` -> 0.5, ``"true"`` -> True, anything else stays a string."""
+    import yaml
+
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+    return value if isinstance(value, (int, float, bool, str)) else text
+
+
+def parse_assignments(items: list[str] | None, flag: str) -> dict[str, Any]:
+    out = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"{flag} expects KEY=VALUE, got {item!r}")
+        out[key.strip()] = parse_value(value.strip())
+    return out
+
+
+# -- task options shared by train / eval -------------------------------------------------
+def add_task_args(p: argparse.ArgumentParser, required: bool) -> None:
+    g = p.add_argument_group("task")
+    g.add_argument("--task", required=required, help="listops | text | lm")
+    g.add_argument("--data", help="text: a JSONL file split into train/valid/test; lm: a UTF-8 text file")
+    g.add_argument("--train-data", help="text: training JSONL")
+    g.add_argument("--valid-data", help="text: validation JSONL")
+    g.add_argument("--test-data", help="text: test JSONL")
+    g.add_argument("--max-len", type=int, help="longest sequence (tokens / bytes)")
+    g.add_argument("--preset", help="listops: 'lra' for the Long Range Arena setting")
+    g.add_argument("--task-opt", action="append", metavar="KEY=VALUE", help="any other task option")
+
+
+def task_options(args: argparse.Namespace) -> dict[str, Any]:
+    opts: dict[str, Any] = {}
+    if args.data is not None:
+        opts["path" if args.task == "lm" else "data"] = args.data
+    for key, attr in (("train", "train_data"), ("valid", "valid_data"), ("test", "test_data")):
+        if getattr(args, attr) is not None:
+            opts[key] = getattr(args, attr)
+    if args.max_len is not None:
+        opts["max_len"] = args.max_len
+    if args.preset is not None:
+        opts["preset"] = args.preset
+    opts.update(parse_assignments(args.task_opt, "--task-opt"))
+    return opts
+
+
+def build_task(name: str, options: dict[str, Any]):
+    from xsearch.tasks import get_task
+
+    logging.getLogger("xsearch").info("building task %s %s", name, options or "")
+    return get_task(name, **options)
+
+
+# -- commands ------------------------------------------------------------------------------
+def cmd_list(args: argparse.Namespace) -> int:
+    from xsearch.attention import attention_spec, list_attentions
+
+    names = list_attentions(causal=True if args.causal else None)
+    rows = []
+    for name in names:
+        s = attention_spec(name)
+        params = ", ".join(f"{k}={v}" for k, v in s.params.items()) or "-"
+        rows.append((name, s.paper, "+".join(s.family) or "-", s.complexity, "yes" if s.causal else "no", params))
+    if args.markdown:
+        print("| name | paper | family | complexity | causal | parameters (defaults) |")
+        print("|---|---|---|---|---|---|")
+        for r in rows:
+            print("| " + " | ".join(f"`{r[0]}`" if i == 0 else r[i] for i in range(len(r))) + " |")
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{len(rows)} attention variants")
+    for col in ("name", "family", "complexity", "causal", "parameters", "paper"):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        table.add_row(r[0], r[2], r[3], r[4], r[5], r[1])
+    Console().print(table)
+    return 0
+
+
+def model_config_from_args(args: argparse.Namespace, task) -> Any:
+    from xsearch.config import ModelConfig
+    from xsearch.serialization import read_json
+
+    base: dict[str, Any] = {}
+    if args.config:
+        doc = read_json(Path(args.config))
+        base = doc.get("model", doc) if isinstance(doc, dict) else doc
+        if not isinstance(base, dict):
+            raise UsageError(f"{args.config}: expected a JSON object with the model config")
+    overrides = {
+        "attention": args.attention,
+        "d_model": args.d_model,
+        "n_layers": args.layers,
+        "n_heads": args.heads,
+        "head_dim": args.head_dim,
+        "d_ff": args.d_ff,
+        "weight_sharing": args.weight_sharing,
+        "dropout": args.dropout,
+        "pos_encoding": args.pos_encoding,
+    }
+    cfg = {**base, **{k: v for k, v in overrides.items() if v is not None}}
+    params = parse_assignments(args.set, "--set")
+    if params or args.attention is not None:
+        keep = base.get("attention_params", {}) if cfg.get("attention") == base.get("attention") else {}
+        cfg["attention_params"] = {**keep, **params}
+    fields = task.model_fields()
+    if base and base.get("max_len", fields["max_len"]) < fields["max_len"]:
+        raise UsageError(f"config max_len={base['max_len']} is shorter than the task's max_len={fields['max_len']}")
+    cfg.update(fields)
+    return ModelConfig.from_dict(cfg)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    import torch
+
+    from xsearch.model import build_model, count_parameters
+    from xsearch.serialization import atomic_write_text, save_model
+    from xsearch.training import evaluate, train
+
+    if args.steps is None and args.seconds is None:
+        raise UsageError("train: give --steps or --seconds")
+    if args.attention is not None:  # fail on a bad name before the (slower) task is built
+        from xsearch.attention import attention_spec
+
+        attention_spec(args.attention)
+    task = build_task(args.task, task_options(args))
+    cfg = model_config_from_args(args, task)
+    torch.manual_seed(args.seed)
+    model = build_model(cfg)
+    log = logging.getLogger("xsearch")
+    log.info("model: %s, %d parameters", cfg.attention, count_parameters(model))
+    result = train(
+        model,
+        task,
+        steps=args.steps,
+        seconds=args.seconds,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        seed=args.seed,
+        progress=not args.quiet,
+    )
+    metric = evaluate(model, task, "test")
+    out = save_model(model, args.out, task=task.describe())
+    name = "test_bits_per_byte" if task.kind == "lm" else "test_accuracy"
+    metrics = {
+        "steps": result.steps,
+        "train_seconds": round(result.seconds, 2),
+        "final_loss": result.final_loss,
+        "valid": result.valid_metric,
+        name: metric,
+        "parameters": count_parameters(model),
+    }
+    atomic_write_text(out / "metrics.json", json.dumps(metrics, indent=2))
+    print(f"saved {out}  steps={result.steps}  {name}={metric:.4f}  parameters={metrics['parameters']}")
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    import time
+
+    import torch
+
+    from xsearch.serialization import load_model, load_task_info
+    from xsearch.tasks.encoding import Encoding
+    from xsearch.training import evaluate
+
+    model = load_model(args.model)
+    info = load_task_info(args.model) or {}
+    name = args.task or info.get("name")
+    if name is None:
+        raise UsageError(f"{args.model} has no task.json; give --task")
+    options = dict(info.get("options", {})) if name == info.get("name") else {}
+    options = {k: v for k, v in options.items() if v is not None}
+    options.update(task_options(argparse.Namespace(**{**vars(args), "task": name})))
+    task = build_task(name, options)
+    if info.get("encoding") and Encoding.from_dict(info["encoding"]) != task.encoding:
+        raise UsageError(f"task {name!r} encodes input differently from the task {args.model} was trained on")
+    if task.max_len > model.config.max_len:
+        raise UsageError(f"task max_len={task.max_len} exceeds the model's max_len={model.config.max_len}")
+    torch.set_num_threads(args.threads) if args.threads else None
+    start = time.perf_counter()
+    metric = evaluate(model, task, args.split, batch_size=args.batch_size)
+    seconds = time.perf_counter() - start
+    key = "bits_per_byte" if task.kind == "lm" else "accuracy"
+    result = {"model": str(args.model), "task": name, "split": args.split, key: metric, "seconds": round(seconds, 2)}
+    print(json.dumps(result) if args.json else f"{name} {args.split} {key} = {metric:.4f}  ({seconds:.1f} s)")
+    return 0
+
+
+# -- parser ------------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="xsearch", description="Search, compress and ship efficient Transformers.")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    s = sub.add_parser("list", help="the attention variants")
+    s.add_argument("--causal", action="store_true", help="only decoder-capable variants")
+    s.add_argument("--markdown", action="store_true", help="a Markdown table (for the README)")
+    s.set_defaults(func=cmd_list)
+
+    s = sub.add_parser("train", help="train a model on a task and save it")
+    add_task_args(s, required=True)
+    m = s.add_argument_group("model")
+    m.add_argument("--config", help="a ModelConfig JSON (e.g. from `xsearch pick`); flags override it")
+    m.add_argument("--attention", help="attention variant (see `xsearch list`)")
+    m.add_argument("--set", action="append", metavar="KEY=VALUE", help="attention parameter")
+    m.add_argument("--d-model", type=int)
+    m.add_argument("--layers", type=int)
+    m.add_argument("--heads", type=int)
+    m.add_argument("--head-dim", type=int)
+    m.add_argument("--d-ff", type=int)
+    m.add_argument("--weight-sharing", choices=["none", "all", "attention", "ffn"])
+    m.add_argument("--dropout", type=float)
+    m.add_argument("--pos-encoding", choices=["sinusoidal", "learned"])
+    t = s.add_argument_group("training")
+    t.add_argument("--steps", type=int)
+    t.add_argument("--seconds", type=float)
+    t.add_argument("--batch-size", type=int, default=32)
+    t.add_argument("--lr", type=float, default=1e-3)
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--quiet", action="store_true", help="no progress bar")
+    s.add_argument("--out", required=True, help="output folder (config.json + model.safetensors)")
+    s.set_defaults(func=cmd_train)
+
+    s = sub.add_parser("eval", help="evaluate a saved model")
+    s.add_argument("model", help="a saved model folder")
+    add_task_args(s, required=False)
+    s.add_argument("--split", default="test", choices=["train", "valid", "test"])
+    s.add_argument("--batch-size", type=int, default=64)
+    s.add_argument("--threads", type=int)
+    s.add_argument("--json", action="store_true", help="print one JSON object")
+    s.set_defaults(func=cmd_eval)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        _setup_logging(args.verbose)
+        return args.func(args)
+    except UsageError as e:
+        print(f"xsearch: error: {e}".replace("xsearch: error: xsearch", "xsearch"), file=sys.stderr)
+    except (ValueError, FileNotFoundError, NotADirectoryError, PermissionError) as e:
+        print(f"xsearch: error: {e}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print("xsearch: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # e.g. TrainingDiverged: still one line, never a traceback
+        if type(e).__name__ == "TrainingDiverged":
+            print(f"xsearch: error: training diverged: {e}", file=sys.stderr)
+            return 1
+        raise
+    return EXIT_USAGE
+
+
+def _setup_logging(verbose: bool) -> None:
+    from rich.logging import RichHandler
+
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(message)s",
+        handlers=[RichHandler(show_path=False, show_time=False)],
+    )
+    for noisy in ("torch", "onnxscript", "onnx_ir", "optuna"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,148 @@
+"""``Task``: splits of encoded data, batching, and what a saved model must know about its task."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from xsearch.tasks.encoding import PAD_ID, Encoding
+
+SPLITS = ("train", "valid", "test")
+
+
+@dataclass
+class Task:
+    """A learning problem with train/valid/test splits and its vocabulary.
+
+    ``kind="classify"``: each split is a list of token-id sequences with integer labels.
+    ``kind="lm"``: each split is one long token stream; batches are windows of ``max_len``
+    tokens predicting the next token.
+
+    Attributes:
+        name: task name (``get_task`` name).
+        kind: ``"classify"`` or ``"lm"``.
+        encoding: turns raw input into ids.
+        max_len: longest sequence the task produces (a model needs at least this).
+        n_classes: number of labels (classify).
+        label_names: label of each class id (classify).
+        options: the ``get_task`` options that rebuild this task.
+    """
+
+    name: str
+    kind: str
+    encoding: Encoding
+    max_len: int
+    n_classes: int | None = None
+    label_names: list[str] | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+    data: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def size(self, split: str) -> int:
+        """Examples (classify) or tokens (lm) in ``split``."""
+        d = self._split(split)
+        return len(d[0]) if self.kind == "classify" else int(d.numel())
+
+    def _split(self, split: str):
+        if split not in SPLITS:
+            raise ValueError(f"unknown split {split!r}; valid: {', '.join(SPLITS)}")
+        return self.data[split]
+
+    def batches(
+        self,
+        split: str,
+        batch_size: int,
+        *,
+        shuffle: bool = False,
+        seed: int = 0,
+        max_batches: int | None = None,
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """Yield ``(input_ids long[B, N], mask bool[B, N], labels)`` with padding id 0.
+
+        Labels are ``long[B]`` (classify) or ``long[B, N]`` next tokens (lm). Classification
+        batches are padded to their longest member. ``shuffle`` draws a fresh order from
+        ``seed``; for lm, the train split yields random windows forever when shuffled.
+        """
+        if batch_size <= 0:
+            raise ValueError(f"batch_size must be > 0, got {batch_size}")
+        g = torch.Generator().manual_seed(seed)
+        count = 0
+        if self.kind == "classify":
+            seqs, labels = self._split(split)
+            order = torch.randperm(len(seqs), generator=g).tolist() if shuffle else range(len(seqs))
+            order = list(order)
+            for start in range(0, len(order), batch_size):
+                if max_batches is not None and count >= max_batches:
+                    return
+                idx = order[start : start + batch_size]
+                yield (*pad_batch([seqs[i] for i in idx]), torch.tensor([labels[i] for i in idx]))
+                count += 1
+            return
+        stream = self._split(split)
+        n = self.max_len
+        if len(stream) < n + 1:
+            raise ValueError(f"split {split!r} has {len(stream)} tokens, fewer than max_len + 1 = {n + 1}")
+        if shuffle:
+            while max_batches is None or count < max_batches:
+                starts = torch.randint(0, len(stream) - n, (batch_size,), generator=g)
+                windows = torch.stack([stream[s : s + n + 1] for s in starts.tolist()])
+                yield windows[:, :-1], torch.ones(batch_size, n, dtype=torch.bool), windows[:, 1:]
+                count += 1
+            return
+        n_windows = (len(stream) - 1) // n
+        for start in range(0, n_windows, batch_size):
+            if max_batches is not None and count >= max_batches:
+                return
+            ws = range(start, min(start + batch_size, n_windows))
+            windows = torch.stack([stream[w * n : w * n + n + 1] for w in ws])
+            yield windows[:, :-1], torch.ones(len(ws), n, dtype=torch.bool), windows[:, 1:]
+            count += 1
+
+    def encode(self, texts: list[str], *, truncate: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """Encode raw inputs into a padded ``(input_ids, mask)`` batch.
+
+        Raises:
+            ValueError: an input longer than ``max_len`` (unless ``truncate``), or empty.
+        """
+        seqs = []
+        for i, t in enumerate(texts):
+            ids = self.encoding.encode(t)
+            if len(ids) > self.max_len:
+                if not truncate:
+                    raise ValueError(f"input {i} has {len(ids)} tokens, more than max_len={self.max_len}")
+                ids = ids[: self.max_len]
+            if not ids:
+                raise ValueError(f"input {i} is empty")
+            seqs.append(ids)
+        return pad_batch(seqs)
+
+    def model_fields(self) -> dict[str, Any]:
+        """The ``ModelConfig`` fields this task fixes (vocabulary, length, head)."""
+        fields = {"vocab_size": self.encoding.vocab_size, "max_len": self.max_len}
+        if self.kind == "lm":
+            return {**fields, "head": "lm", "causal": True}
+        return {**fields, "head": "classify", "n_classes": self.n_classes}
+
+    def describe(self) -> dict[str, Any]:
+        """JSON-able description saved with a model (rebuild options, encoding, labels)."""
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "options": self.options,
+            "encoding": self.encoding.to_dict(),
+            "max_len": self.max_len,
+            "n_classes": self.n_classes,
+            "label_names": self.label_names,
+        }
+
+
+def pad_batch(seqs: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-pad id lists with 0 into ``(input_ids long[B, N], mask bool[B, N])``."""
+    lengths = torch.tensor([len(s) for s in seqs])
+    n = int(lengths.max())
+    ids = torch.full((len(seqs), n), PAD_ID, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, : len(s)] = torch.tensor(s, dtype=torch.long)
+    return ids, torch.arange(n)[None, :] < lengths[:, None]

@@ -1,0 +1,242 @@
+"""Training and evaluation: AdamW, warmup + cosine decay, clipping, validation, progress."""
+
+from __future__ import annotations
+
+import logging
+import math
+import sys
+import time
+from collections.abc import Callable
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+log = logging.getLogger("xsearch.train")
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss became NaN or infinite."""
+
+
+@dataclass
+class TrainResult:
+    """What a training run did.
+
+    Attributes:
+        steps: optimizer steps taken.
+        seconds: wall time spent.
+        final_loss: mean training loss over the last logging window.
+        valid_metric: last validation metric (accuracy, or bits per byte for lm), if validated.
+        history: one dict per validation/log point: step, loss, lr, and valid when measured.
+    """
+
+    steps: int
+    seconds: float
+    final_loss: float
+    valid_metric: float | None = None
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+
+LossFn = Callable[[nn.Module, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def task_loss(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of ``model`` on one batch (per class, or per next token over real positions)."""
+    logits = model(ids, mask)
+    if logits.dim() == 3:  # lm: (B, N, V)
+        return F.cross_entropy(logits[mask], labels[mask])
+    return F.cross_entropy(logits, labels)
+
+
+def _lr_factor(progress: float, warmup_frac: float) -> float:
+    if progress < warmup_frac:
+        return max(progress / warmup_frac, 1e-3)
+    rest = (progress - warmup_frac) / max(1.0 - warmup_frac, 1e-9)
+    return 0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * min(rest, 1.0)))
+
+
+def train(
+    model: nn.Module,
+    task,
+    *,
+    steps: int | None = None,
+    seconds: float | None = None,
+    batch_size: int = 32,
+    lr: float = 1e-3,
+    warmup: int | float | None = None,
+    weight_decay: float = 0.01,
+    grad_clip: float = 1.0,
+    seed: int = 0,
+    eval_every: int | None = None,
+    eval_batches: int | None = 8,
+    progress: bool | None = None,
+    loss_fn: LossFn | None = None,
+    callback: Callable[[int, dict[str, Any]], None] | None = None,
+) -> TrainResult:
+    """Train ``model`` on ``task``'s train split.
+
+    Args:
+        model: an ``XSearchModel`` (or any module with the same forward).
+        task: a ``Task``.
+        steps: optimizer steps; or
+        seconds: a wall-clock budget (the schedule follows elapsed time). At least one is needed.
+        batch_size: examples per step.
+        lr: peak learning rate (AdamW).
+        warmup: warmup steps (int) or fraction of the budget (float); default 10%.
+        weight_decay: AdamW weight decay (not applied to biases and norms).
+        grad_clip: max gradient norm (0 = off).
+        seed: seeds batch order and dropout.
+        eval_every: validate every this many steps (default: 4 times per run when ``steps``).
+        eval_batches: validation batches each time (None = the whole split).
+        progress: show a progress bar (default: when stderr is a terminal).
+        loss_fn: ``(model, ids, mask, labels) -> loss``; default cross-entropy (distillation
+            passes its own).
+        callback: called as ``callback(step, record)`` at each validation point.
+
+    Returns:
+        A ``TrainResult``.
+
+    Raises:
+        TrainingDiverged: the loss became NaN or infinite.
+    """
+    if steps is None and seconds is None:
+        raise ValueError("train needs steps= or seconds=")
+    if steps is not None and steps <= 0:
+        raise ValueError(f"steps must be > 0, got {steps}")
+    if seconds is not None and seconds <= 0:
+        raise ValueError(f"seconds must be > 0, got {seconds}")
+    loss_fn = loss_fn or task_loss
+    torch.manual_seed(seed)
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            (no_decay if p.dim() < 2 or name.endswith(".bias") else decay).append(p)
+    if not decay and not no_decay:
+        raise ValueError("the model has no trainable parameters")
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}], lr=lr
+    )
+    if warmup is None:
+        warmup_frac = 0.1
+    elif isinstance(warmup, float):
+        warmup_frac = warmup
+    else:
+        warmup_frac = warmup / steps if steps else 0.1
+    if eval_every is None and steps is not None:
+        eval_every = max(steps // 4, 1)
+    show = sys.stderr.isatty() if progress is None else progress
+
+    model.train()
+    batches = _endless(task, batch_size, seed)
+    start = time.perf_counter()
+    step, window, result = 0, [], TrainResult(0, 0.0, float("nan"))
+    last_eval_time = start
+    bar = _progress_bar(show, steps, seconds)
+    with bar or nullcontext():
+        job = bar.add_task("training", total=steps or seconds) if bar else None
+        while True:
+            elapsed = time.perf_counter() - start
+            frac = step / steps if steps is not None else elapsed / seconds
+            if (steps is not None and step >= steps) or (seconds is not None and elapsed >= seconds):
+                break
+            for group in opt.param_groups:
+                group["lr"] = lr * _lr_factor(frac, warmup_frac)
+            ids, mask, labels = next(batches)
+            loss = loss_fn(model, ids, mask, labels)
+            if not torch.isfinite(loss):
+                raise TrainingDiverged(f"loss became {loss.item()} at step {step} (lr {opt.param_groups[0]['lr']:.2e})")
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            if grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+            opt.step()
+            step += 1
+            window.append(loss.item())
+            window = window[-50:]
+            if bar:
+                bar.update(
+                    job,
+                    completed=step if steps else min(time.perf_counter() - start, seconds),
+                    description=f"training loss {sum(window) / len(window):.3f}",
+                )
+            due = (eval_every and step % eval_every == 0) or (
+                eval_every is None and time.perf_counter() - last_eval_time > max(seconds / 4, 1.0)
+            )
+            if due:
+                last_eval_time = time.perf_counter()
+                rec = _record(model, task, step, window, opt, eval_batches, batch_size)
+                result.history.append(rec)
+                result.valid_metric = rec["valid"]
+                log.info("step %d loss %.4f valid %.4f", step, rec["loss"], rec["valid"])
+                if callback:
+                    callback(step, rec)
+    if not result.history or result.history[-1]["step"] != step:
+        rec = _record(model, task, step, window, opt, eval_batches, batch_size)
+        result.history.append(rec)
+        result.valid_metric = rec["valid"]
+    model.eval()
+    result.steps = step
+    result.seconds = time.perf_counter() - start
+    result.final_loss = sum(window) / len(window) if window else float("nan")
+    return result
+
+
+def _record(model, task, step, window, opt, eval_batches, batch_size) -> dict[str, Any]:
+    valid = evaluate(model, task, "valid", batch_size=max(batch_size, 32), max_batches=eval_batches)
+    model.train()
+    loss = sum(window) / len(window) if window else float("nan")
+    return {"step": step, "loss": loss, "lr": opt.param_groups[0]["lr"], "valid": valid}
+
+
+def _endless(task, batch_size: int, seed: int):
+    """Training batches forever: reshuffled epochs (classify) or random windows (lm)."""
+    epoch = 0
+    while True:
+        got = False
+        for batch in task.batches("train", batch_size, shuffle=True, seed=seed + epoch):
+            got = True
+            yield batch
+        if not got:
+            raise ValueError("the train split is empty")
+        epoch += 1
+
+
+def _progress_bar(show: bool, steps, seconds):
+    if not show:
+        return None
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed:.0f}/{task.total:.0f}" + (" steps" if steps else " s")),
+        TimeRemainingColumn(),
+        transient=True,
+    )
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, task, split: str = "test", *, batch_size: int = 64, max_batches: int | None = None):
+    """Accuracy (classify) or bits per byte (lm) of ``model`` on ``split``."""
+    was_training = model.training
+    model.eval()
+    correct = total = 0
+    nll = 0.0
+    try:
+        for ids, mask, labels in task.batches(split, batch_size, max_batches=max_batches):
+            logits = model(ids, mask)
+            if task.kind == "lm":
+                nll += F.cross_entropy(logits[mask], labels[mask], reduction="sum").item()
+                total += int(mask.sum())
+            else:
+                correct += int((logits.argmax(-1) == labels).sum())
+                total += len(labels)
+    finally:
+        model.train(was_training)
+    if total == 0:
+        raise ValueError(f"split {split!r} of task {task.name!r} is empty")
+    return nll / total / math.log(2) if task.kind == "lm" else correct / total
