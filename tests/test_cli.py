@@ -36,9 +36,14 @@ def test_train_eval_round_trip(tmp_path, capsys):
 @pytest.mark.parametrize(
     "args,needle",
     [
-        (["train", "--task", "listops", "--attention", "nope", "--steps", "1", "--out", "x"], "unknown attention 'nope'"),
-        (["train", "--task", "listops", "--attention", "local", "--set", "block_size", "--steps", "1", "--out", "x"],
-         "KEY=VALUE"),
+        (
+            ["train", "--task", "listops", "--attention", "nope", "--steps", "1", "--out", "x"],
+            "unknown attention 'nope'",
+        ),
+        (
+            ["train", "--task", "listops", "--attention", "local", "--set", "block_size", "--steps", "1", "--out", "x"],
+            "KEY=VALUE",
+        ),
         (["train", "--task", "listops", "--d-model", "abc", "--out", "x"], "invalid int value: 'abc'"),
         (["eval", "/no/such/model"], "/no/such/model"),
         (["frobnicate"], "invalid choice"),
@@ -61,3 +66,11 @@ def test_list_markdown_matches_registry():
     assert r.returncode == 0
     rows = [ln for ln in r.stdout.splitlines() if ln.startswith("| `")]
     assert [ln.split("`")[1] for ln in rows] == xsearch.list_attentions()
+
+
+def test_readme_variant_table_is_generated_from_the_registry():
+    from pathlib import Path
+
+    readme = (Path(__file__).parent.parent / "README.md").read_text(encoding="utf-8")
+    table = readme.split("<!-- variants:start -->\n")[1].split("<!-- variants:end -->")[0]
+    assert table == run_cli("list", "--markdown").stdout, "regenerate with: xsearch list --markdown"

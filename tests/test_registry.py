@@ -1,3 +1,5 @@
+import dataclasses
+
 import pytest
 
 import xsearch
@@ -13,8 +15,8 @@ def test_list_and_spec():
     spec = xsearch.attention_spec("linformer")
     assert isinstance(spec, xsearch.AttentionSpec)
     assert spec.family == ("LR",) and spec.params["k"] == 256 and spec.causal is False
-    with pytest.raises(Exception):
-        spec.name = "x"  # frozen
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        spec.name = "x"
 
 
 def test_unknown_name_lists_valid_names():

@@ -85,7 +85,7 @@ def test_listops_task_splits_and_batches():
     assert t.size("train") == 40 and t.n_classes == 10
     seen = set()
     for split in ("train", "valid", "test"):
-        for ids, mask, labels in t.batches(split, 16):
+        for ids, mask, _labels in t.batches(split, 16):
             assert ids.dtype == torch.long and mask.dtype == torch.bool and ids.shape == mask.shape
             assert ((ids != 0) == mask).all() and ids.shape[1] <= 64
             for row, m in zip(ids, mask):

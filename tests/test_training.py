@@ -21,7 +21,12 @@ def test_training_lowers_the_loss(task):
     model = small_model(task, attention="local", attention_params={"block_size": 16})
     losses = []
     xsearch.train(
-        model, task, steps=1, batch_size=64, lr=0, progress=False,
+        model,
+        task,
+        steps=1,
+        batch_size=64,
+        lr=0,
+        progress=False,
         loss_fn=lambda m, i, k, l: losses.append(xsearch.training.task_loss(m, i, k, l)) or losses[-1],
     )
     before = losses[0].item()

@@ -1,4 +1,4 @@
-"""Tasks: ``listops`` (generated), ``text`` (JSONL classification), ``lm`` (byte-level LM).
+"""Tasks: ``listops`` and ``pathfinder`` (generated), ``text`` (JSONL classification), ``lm`` (byte-level LM).
 
 ``get_task(name, **options)`` builds one; ``listops_samples`` exposes the ListOps generator.
 Imports are lazy so that ``xsearch.tasks.encoding`` can be used without torch.
@@ -13,12 +13,14 @@ _BUILDERS = {
     "listops": ("xsearch.tasks.builders", "listops_task"),
     "text": ("xsearch.tasks.builders", "text_task"),
     "lm": ("xsearch.tasks.builders", "lm_task"),
+    "pathfinder": ("xsearch.tasks.builders", "pathfinder_task"),
 }
 _LAZY = {
     "listops_samples": "xsearch.tasks.listops",
     "evaluate_expression": "xsearch.tasks.listops",
     "Task": "xsearch.tasks.base",
     "Encoding": "xsearch.tasks.encoding",
+    "pathfinder_samples": "xsearch.tasks.pathfinder",
 }
 
 

@@ -78,6 +78,27 @@ def listops_task(preset: str | None = None, **options: Any) -> Task:
     )
 
 
+# -- pathfinder -------------------------------------------------------------------------
+PATHFINDER_DEFAULTS = {"n_train": 2000, "n_valid": 200, "n_test": 200, "size": 32, "n_paths": 3, "seed": 0}
+
+
+def pathfinder_task(**options: Any) -> Task:
+    """Generated Pathfinder images (2 classes), pixels as tokens: ``size**2`` tokens each."""
+    from xsearch.tasks import pathfinder
+
+    _check_options("pathfinder", options, {*PATHFINDER_DEFAULTS, "path_len", "curvature"})
+    opts = {**PATHFINDER_DEFAULTS, **options}
+    total = opts["n_train"] + opts["n_valid"] + opts["n_test"]
+    gen = {k: opts[k] for k in ("size", "n_paths", "path_len", "curvature") if k in opts}
+    samples = pathfinder.pathfinder_samples(total, seed=opts["seed"], **gen)
+    seqs = [pathfinder.image_to_ids(img) for img, _ in samples]
+    labels = [label for _, label in samples]
+    a, b = opts["n_train"], opts["n_train"] + opts["n_valid"]
+    data = {"train": (seqs[:a], labels[:a]), "valid": (seqs[a:b], labels[a:b]), "test": (seqs[b:], labels[b:])}
+    return Task("pathfinder", "classify", pathfinder.ENCODING, opts["size"] ** 2, 2, ["disconnected", "connected"],
+                opts, data)  # fmt: skip
+
+
 # -- text classification from JSONL ----------------------------------------------------
 def read_jsonl(path: str | Path) -> list[tuple[str, str]]:
     """``(text, label)`` pairs of a JSONL file of ``{"text": ..., "label": ...}`` objects."""
