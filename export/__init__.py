@@ -1,0 +1,33 @@
+"""Export to ONNX with a parity check, onnxruntime quantization, and the deployment ``Predictor``.
+
+Names resolve lazily: ``from xsearch.export import Predictor`` imports onnxruntime and numpy
+only, never torch, so a deployment host needs nothing else.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_LAZY = {
+    "to_onnx": "xsearch.export.onnx_export",
+    "ExportReport": "xsearch.export.onnx_export",
+    "ExportParityError": "xsearch.export.errors",
+    "quantize_onnx": "xsearch.export.quantize",
+    "QUANTIZE_MODES": "xsearch.export.quantize",
+    "Predictor": "xsearch.export.predictor",
+    "Prediction": "xsearch.export.predictor",
+    "read_metadata": "xsearch.export.predictor",
+}
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'xsearch.export' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return __all__

@@ -215,6 +215,109 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from xsearch.export import quantize_onnx, to_onnx
+    from xsearch.serialization import load_model
+
+    mode = "dynamic-int8" if args.int8 else "fp16" if args.fp16 else args.quantize
+    out = Path(args.out)
+    if out.suffix != ".onnx":
+        raise UsageError(f"--out must end in .onnx, got {out}")
+    model = load_model(args.model)
+    fp32 = out if mode is None else out.with_name(out.stem + ".fp32.onnx")
+    report = to_onnx(model, fp32, check=not args.no_check, opset=args.opset)
+    checked = (
+        "unchecked"
+        if report.max_abs_diff is None
+        else (f"parity max |diff| {report.max_abs_diff:.1e} at lengths {list(report.lengths_checked)}, batches [1, 3]")
+    )
+    print(f"exported {fp32} ({report.size_bytes / 1e6:.2f} MB, {report.seconds:.1f} s, {checked})")
+    if mode is not None:
+        calibration = None
+        if mode == "static-int8":
+            calibration = _calibration_batches(args.model, model)
+        quantize_onnx(fp32, out, mode, calibration=calibration)
+        print(f"quantized ({mode}) {out} ({out.stat().st_size / 1e6:.2f} MB)")
+    return 0
+
+
+def _calibration_batches(model_dir: str, model) -> list:
+    """Eight train batches of the model's own task, as numpy pairs, for static quantization."""
+    from xsearch.serialization import load_task_info
+
+    info = load_task_info(model_dir)
+    if not info:
+        raise UsageError(f"static-int8 calibrates on the model's task, but {model_dir} has no task.json")
+    task = build_task(info["name"], {k: v for k, v in info.get("options", {}).items() if v is not None})
+    return [(ids.numpy(), mask.numpy()) for ids, mask, _ in task.batches("train", 8, shuffle=True, max_batches=8)]
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from xsearch.latency import measure
+
+    rows = [("onnxruntime " + args.target, measure(args.onnx, args.target, batch=args.batch, seq_len=args.seq_len,
+                                                    threads=args.threads, repeats=args.repeats))]  # fmt: skip
+    if args.vs:
+        from xsearch.serialization import load_model
+
+        target = "torch-cuda" if args.target == "ort-cuda" else "torch-cpu"
+        model = load_model(args.vs)
+        rows.append((f"torch {target}", measure(model, target, batch=args.batch, seq_len=args.seq_len,
+                                                threads=args.threads, repeats=args.repeats)))  # fmt: skip
+    base = rows[-1][1].median_ms
+    print(f"batch {args.batch}, seq_len {args.seq_len}, threads {args.threads or 'default'}, {args.repeats} runs")
+    print(f"{'engine':28s} {'median ms':>10s} {'p90 ms':>10s} {'speedup':>8s}")
+    for name, st in rows:
+        print(f"{name:28s} {st.median_ms:10.2f} {st.p90_ms:10.2f} {base / st.median_ms:7.2f}x")
+    return 0
+
+
+def _read_inputs(source: str) -> list:
+    stream = sys.stdin if source == "-" else None
+    if stream is None:
+        path = Path(source)
+        if not path.is_file():
+            raise FileNotFoundError(f"no such input file: {path}")
+        lines = path.read_text(encoding="utf-8").splitlines()
+    else:
+        lines = stream.read().splitlines()
+    items = []
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise UsageError(f"{source}:{i}: malformed JSON ({e.msg})") from None
+        if isinstance(obj, dict):
+            obj = obj.get("text", obj.get("input_ids"))
+        if not isinstance(obj, (str, list)):
+            raise UsageError(f'{source}:{i}: expected a string, a list of token ids, or {{"text": ...}}')
+        items.append(obj)
+    if not items:
+        raise UsageError(f"{source}: no inputs")
+    return items
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    from xsearch.export.predictor import Predictor
+
+    predictor = Predictor(args.onnx, threads=args.threads)
+    items = _read_inputs(args.input)
+    for pred in predictor.predict(items, truncate=args.truncate, top_k=args.top_k):
+        print(json.dumps(pred.to_dict()))
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from xsearch.export.serve import serve
+
+    if args.host not in ("127.0.0.1", "localhost", "::1"):
+        logging.getLogger("xsearch").warning("listening on %s: reachable beyond this machine", args.host)
+    serve(args.onnx, args.host, args.port, threads=args.threads, max_body=args.max_body, max_batch=args.max_batch)
+    return 0
+
+
 # -- parser ------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="xsearch", description="Search, compress and ship efficient Transformers.")
@@ -258,6 +361,44 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--threads", type=int)
     s.add_argument("--json", action="store_true", help="print one JSON object")
     s.set_defaults(func=cmd_eval)
+
+    s = sub.add_parser("export", help="export a saved model to ONNX (checked against onnxruntime)")
+    s.add_argument("model", help="a saved model folder")
+    s.add_argument("--out", required=True, help="the .onnx file to write")
+    q = s.add_mutually_exclusive_group()
+    q.add_argument("--int8", action="store_true", help="dynamic int8 (the fastest on CPU)")
+    q.add_argument("--quantize", choices=["dynamic-int8", "static-int8", "fp16"])
+    q.add_argument("--fp16", action="store_true", help="float16 (for GPUs)")
+    s.add_argument("--no-check", action="store_true", help="skip the onnxruntime parity check")
+    s.add_argument("--opset", type=int)
+    s.set_defaults(func=cmd_export)
+
+    s = sub.add_parser("bench", help="latency of an ONNX model (and of its torch model with --vs)")
+    s.add_argument("onnx")
+    s.add_argument("--vs", help="a saved model folder to compare against (torch)")
+    s.add_argument("--seq-len", type=int, required=True)
+    s.add_argument("--batch", type=int, default=1)
+    s.add_argument("--threads", type=int)
+    s.add_argument("--target", default="ort-cpu", choices=["ort-cpu", "ort-cuda"])
+    s.add_argument("--repeats", type=int, default=20)
+    s.set_defaults(func=cmd_bench)
+
+    s = sub.add_parser("predict", help="JSONL predictions of an ONNX model (onnxruntime only)")
+    s.add_argument("onnx")
+    s.add_argument("--input", required=True, help='JSONL file (a string, id list or {"text": ...} per line), or -')
+    s.add_argument("--truncate", action="store_true", help="cut inputs longer than max_len instead of failing")
+    s.add_argument("--top-k", type=int, default=3)
+    s.add_argument("--threads", type=int)
+    s.set_defaults(func=cmd_predict)
+
+    s = sub.add_parser("serve", help="HTTP predictions: POST /predict, GET /health")
+    s.add_argument("onnx")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8080)
+    s.add_argument("--threads", type=int)
+    s.add_argument("--max-batch", type=int, default=64)
+    s.add_argument("--max-body", type=int, default=1 << 20, help="request size limit in bytes")
+    s.set_defaults(func=cmd_serve)
     return p
 
 
@@ -270,28 +411,30 @@ def main(argv: list[str] | None = None) -> int:
         print(f"xsearch: error: {e}".replace("xsearch: error: xsearch", "xsearch"), file=sys.stderr)
     except (ValueError, FileNotFoundError, NotADirectoryError, PermissionError) as e:
         print(f"xsearch: error: {e}", file=sys.stderr)
+    except RuntimeError as e:  # a missing CUDA device, a diverged training run, a failed export
+        print(f"xsearch: error: {e}", file=sys.stderr)
+        return 1 if type(e).__name__ == "TrainingDiverged" else EXIT_USAGE
     except KeyboardInterrupt:
         print("xsearch: interrupted", file=sys.stderr)
         return 130
-    except Exception as e:  # e.g. TrainingDiverged: still one line, never a traceback
-        if type(e).__name__ == "TrainingDiverged":
-            print(f"xsearch: error: training diverged: {e}", file=sys.stderr)
-            return 1
-        raise
+    except OSError as e:  # e.g. a port in use
+        print(f"xsearch: error: {e}", file=sys.stderr)
     return EXIT_USAGE
 
 
 def _setup_logging(verbose: bool) -> None:
     from rich.logging import RichHandler
 
+    # Root at WARNING (libraries such as onnxruntime's quantizer log chatter at INFO on the root
+    # logger); xsearch's own progress at INFO.
     logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
+        level=logging.DEBUG if verbose else logging.WARNING,
         format="%(message)s",
         handlers=[RichHandler(show_path=False, show_time=False)],
     )
-    for noisy in ("torch", "onnxscript", "onnx_ir", "optuna"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
-
+    logging.getLogger("xsearch").setLevel(logging.DEBUG if verbose else logging.INFO)
+    for noisy in ("torch", "onnxscript", "onnx_ir"):
+        logging.getLogger(noisy).setLevel(logging.ERROR)
 
 if __name__ == "__main__":
     sys.exit(main())

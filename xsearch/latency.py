@@ -1,15 +1,23 @@
-"""Latency of a model on a target, as robust statistics over repeated runs."""
+"""Latency of a model on a target, as robust statistics over repeated runs.
+
+Targets: ``ort-cpu`` (the deployment engine, default), ``torch-cpu``, ``torch-cuda`` and
+``ort-cuda``. A CUDA target on a machine without CUDA raises a clear error; there is no
+silent fallback to the CPU. ONNX files are measured without importing torch.
+"""
 
 from __future__ import annotations
 
 import os
 import platform
 import statistics
+import tempfile
 import time
 from dataclasses import asdict, dataclass
+from importlib import metadata
+from pathlib import Path
 from typing import Any
 
-TARGETS = ("torch-cpu", "torch-cuda")
+TARGETS = ("ort-cpu", "torch-cpu", "torch-cuda", "ort-cuda")
 
 
 @dataclass(frozen=True)
@@ -40,19 +48,41 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def _version(package: str) -> str | None:
+    try:
+        return metadata.version(package).split("+")[0]
+    except metadata.PackageNotFoundError:
+        return None
+
+
 def device_fingerprint(target: str, threads: int | None) -> dict[str, Any]:
     """What the numbers were measured on: CPU, cores, threads, GPU and library versions."""
-    import torch
-
     fp: dict[str, Any] = {
         "cpu": cpu_name(),
         "cores": os.cpu_count(),
         "threads": threads,
-        "torch": torch.__version__.split("+")[0],
+        "torch": _version("torch"),
+        "onnxruntime": _version("onnxruntime"),
     }
-    if target.endswith("cuda"):
+    if target == "torch-cuda":
+        import torch
+
         fp["gpu"] = torch.cuda.get_device_name(0)
+    elif target == "ort-cuda":
+        fp["gpu"] = _nvidia_gpu_name()
     return fp
+
+
+def _nvidia_gpu_name() -> str | None:
+    import subprocess
+
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True
+        )
+        return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
+    except OSError:
+        return None
 
 
 def summarize(samples_ms: list[float], target: str, device: dict[str, Any]) -> LatencyStats:
@@ -75,16 +105,25 @@ def summarize(samples_ms: list[float], target: str, device: dict[str, Any]) -> L
 
 
 def require_cuda(target: str) -> None:
-    """Raise a clear error (never fall back to the CPU) when CUDA is absent."""
-    import torch
+    """Raise a clear error (never fall back to the CPU) when the target's CUDA is absent."""
+    if target == "torch-cuda":
+        import torch
 
-    if not torch.cuda.is_available():
-        raise RuntimeError(f"target {target!r} needs a CUDA GPU, and torch sees none on this machine")
+        if not torch.cuda.is_available():
+            raise RuntimeError(f"target {target!r} needs a CUDA GPU, and torch sees none on this machine")
+    elif target == "ort-cuda":
+        import onnxruntime as ort
+
+        if "CUDAExecutionProvider" not in ort.get_available_providers():
+            raise RuntimeError(
+                f"target {target!r} needs onnxruntime's CUDAExecutionProvider (the onnxruntime-gpu package and a "
+                f"CUDA GPU); this onnxruntime offers {ort.get_available_providers()}"
+            )
 
 
 def measure(
-    model,
-    target: str = "torch-cpu",
+    model_or_onnx_path,
+    target: str = "ort-cpu",
     *,
     batch: int = 1,
     seq_len: int,
@@ -92,36 +131,92 @@ def measure(
     warmup: int = 3,
     repeats: int = 20,
 ) -> LatencyStats:
-    """Time ``model``'s forward on random token ids of shape ``(batch, seq_len)``.
+    """Time a forward pass on random token ids of shape ``(batch, seq_len)``.
 
     Args:
-        model: an ``XSearchModel``.
-        target: ``"torch-cpu"`` or ``"torch-cuda"``.
-        threads: intra-op threads (default: torch's current setting), set explicitly.
+        model_or_onnx_path: an ``XSearchModel``, or the path of an exported ``.onnx`` file
+            (``ort-*`` targets only). A torch model on an ``ort-*`` target is exported first.
+        target: one of ``TARGETS``.
+        threads: intra-op threads, set explicitly for either engine (default: the engine's own).
         warmup: untimed runs first; repeats: timed runs.
-    """
-    import torch
 
+    Raises:
+        ValueError: an unknown target, bad sizes, a length over the model's max_len.
+        RuntimeError: a CUDA target without CUDA.
+    """
     if target not in TARGETS:
         raise ValueError(f"unknown target {target!r}; valid: {', '.join(TARGETS)}")
     if seq_len <= 0 or batch <= 0 or repeats <= 0 or warmup < 0:
         raise ValueError(
-            f"need seq_len, batch, repeats > 0 and warmup >= 0 (got {seq_len}, {batch}, {repeats}, {warmup})"
+            f"need seq_len, batch, repeats > 0 and warmup >= 0; got {seq_len}, {batch}, {repeats}, {warmup}"
         )
+    require_cuda(target)
+    if target.startswith("ort"):
+        if isinstance(model_or_onnx_path, (str, os.PathLike)):
+            samples = _ort_samples(Path(model_or_onnx_path), target, batch, seq_len, threads, warmup, repeats)
+        else:
+            from xsearch.export.onnx_export import to_onnx
+
+            with tempfile.TemporaryDirectory() as d:
+                path = Path(d) / "model.onnx"
+                to_onnx(model_or_onnx_path, path, check=False)
+                samples = _ort_samples(path, target, batch, seq_len, threads, warmup, repeats)
+    else:
+        if isinstance(model_or_onnx_path, (str, os.PathLike)):
+            raise ValueError(f"target {target!r} measures a torch model; got a path ({model_or_onnx_path})")
+        samples = _torch_samples(model_or_onnx_path, target, batch, seq_len, threads, warmup, repeats)
+    return summarize(samples, target, device_fingerprint(target, threads))
+
+
+def _random_ids(vocab: int, batch: int, seq_len: int):
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    ids = rng.integers(1, vocab, size=(batch, seq_len), dtype=np.int64)
+    return ids, np.ones((batch, seq_len), dtype=np.bool_)
+
+
+def _ort_samples(path: Path, target, batch, seq_len, threads, warmup, repeats) -> list[float]:
+    import onnxruntime as ort
+
+    from xsearch.export.metadata import INPUTS, OUTPUT
+    from xsearch.export.predictor import read_metadata
+
+    cfg = read_metadata(path)["config"]
+    if seq_len > cfg["max_len"]:
+        raise ValueError(f"seq_len={seq_len} exceeds the model's max_len={cfg['max_len']}")
+    opts = ort.SessionOptions()
+    if threads is not None:
+        opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    providers = ["CUDAExecutionProvider"] if target == "ort-cuda" else ["CPUExecutionProvider"]
+    session = ort.InferenceSession(str(path), opts, providers=providers)
+    ids, mask = _random_ids(cfg["vocab_size"], batch, seq_len)
+    feed = {INPUTS[0]: ids, INPUTS[1]: mask}
+    for _ in range(warmup):
+        session.run([OUTPUT], feed)
+    samples = []
+    for _ in range(repeats):  # run() returns host arrays, so each sample includes the device sync
+        t0 = time.perf_counter()
+        session.run([OUTPUT], feed)
+        samples.append((time.perf_counter() - t0) * 1000.0)
+    return samples
+
+
+def _torch_samples(model, target, batch, seq_len, threads, warmup, repeats) -> list[float]:
+    import torch
+
     cfg = model.config
     if seq_len > cfg.max_len:
         raise ValueError(f"seq_len={seq_len} exceeds the model's max_len={cfg.max_len}")
     cuda = target == "torch-cuda"
-    if cuda:
-        require_cuda(target)
     old_threads = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)
     dev = torch.device("cuda" if cuda else "cpu")
     model = model.to(dev).eval()
-    g = torch.Generator().manual_seed(0)
-    ids = torch.randint(1, cfg.vocab_size, (batch, seq_len), generator=g).to(dev)
-    mask = torch.ones(batch, seq_len, dtype=torch.bool, device=dev)
+    ids_np, mask_np = _random_ids(cfg.vocab_size, batch, seq_len)
+    ids, mask = torch.from_numpy(ids_np).to(dev), torch.from_numpy(mask_np).to(dev)
     samples = []
     try:
         with torch.inference_mode():
@@ -129,8 +224,8 @@ def measure(
                 model(ids, mask)
             for _ in range(repeats):
                 if cuda:
-                    torch.cuda.synchronize()
                     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    torch.cuda.synchronize()
                     start.record()
                     model(ids, mask)
                     end.record()
@@ -142,4 +237,4 @@ def measure(
                     samples.append((time.perf_counter() - t0) * 1000.0)
     finally:
         torch.set_num_threads(old_threads)
-    return summarize(samples, target, device_fingerprint(target, threads or old_threads))
+    return samples

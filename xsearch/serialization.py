@@ -93,6 +93,7 @@ def load_model(directory: str | os.PathLike) -> nn.Module:
             f"weights in {weights} do not match config.json (missing {sorted(missing)[:3]}, "
             f"unexpected {sorted(unexpected)[:3]})"
         )
+    model.task_info = load_task_info(path)  # travels on into an ONNX export's metadata
     return model.eval()
 
 
