@@ -151,6 +151,8 @@ class Predictor:
         Classify models give the class and its probability; lm models give the most likely
         next token after each input (with the ``top_k`` distribution head).
         """
+        if not isinstance(inputs, (list, tuple)) or len(inputs) == 0:
+            raise ValueError("predict needs a non-empty list of inputs")
         out: list[Prediction] = []
         for start in range(0, len(inputs), batch_size):
             ids, mask = self.encode(list(inputs[start : start + batch_size]), truncate=truncate)

@@ -73,7 +73,7 @@ class PerformerAttention(Attention):
         if is_query:
             stab = logits.amax(dim=-1, keepdim=True).detach()
         elif self.causal:
-            stab = 0.5 * (self.projection**2).sum(-1).amax()
+            stab = 0.5 * (self.projection**2).sum(-1).amax(dim=0)
         else:
             masked = logits if mask is None else logits.masked_fill(~mask[:, None, :, None], -1e30)
             stab = masked.amax(dim=(-2, -1), keepdim=True).detach()
