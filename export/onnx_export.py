@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import onnx
 import torch
+
 from xsearch.export.errors import ExportParityError
 from xsearch.export.metadata import INPUTS, OUTPUT, build_metadata
 

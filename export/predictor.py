@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from xsearch.export.metadata import INPUTS, OUTPUT, parse_metadata
 
+from xsearch.export.metadata import INPUTS, OUTPUT, parse_metadata
 from xsearch.tasks.encoding import Encoding
 
 

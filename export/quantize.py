@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+
 from xsearch.export.metadata import INPUTS
 
 log = logging.getLogger("xsearch.export")
