@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test bench lint format install clean
+.PHONY: demo test bench lint format install clean readme
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -34,3 +34,7 @@ format: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
+
+# Regenerate the README's variant table from the registry (a test checks they agree).
+readme: $(STAMP)
+	$(PY) -c "import re, subprocess, sys; t = subprocess.run([sys.executable, '-m', 'xsearch.cli', 'list', '--markdown'], capture_output=True, text=True, check=True).stdout; s = open('README.md').read(); a, b = '<!-- variants:start -->\n', '<!-- variants:end -->'; open('README.md', 'w').write(s[: s.index(a) + len(a)] + t + s[s.index(b):])"

@@ -90,7 +90,9 @@ def to_onnx(
     batch, seq = torch.export.Dim.DYNAMIC, torch.export.Dim.DYNAMIC
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        with warnings.catch_warnings():
+        # no_grad: the inference graph only (variants with gradient-stopped memories would
+        # otherwise trace a second, detached projection).
+        with warnings.catch_warnings(), torch.no_grad():
             warnings.simplefilter("ignore")
             program = torch.onnx.export(
                 model,

@@ -1,5 +1,7 @@
 """The contract every attention variant meets, run over the whole registry."""
 
+import re
+
 import pytest
 import torch
 
@@ -48,7 +50,9 @@ def test_gradients_reach_every_parameter(name, causal):
     for pname, p in m.named_parameters():
         assert p.grad is not None, f"{name}: no gradient reaches {pname}"
         assert torch.isfinite(p.grad).all(), f"{name}: non-finite gradient in {pname}"
-        assert p.grad.abs().sum() > 0, f"{name}: zero gradient in {pname}"
+        if re.search(r"(^|[._])k_(proj|global)\.bias$", pname):
+            continue  # a key bias shifts every score of a query equally: softmax cancels it
+        assert p.grad.abs().max() > 1e-6, f"{name}: no real gradient in {pname}"
 
 
 @pytest.mark.parametrize("name,causal", MODES)
@@ -76,6 +80,16 @@ def test_no_causal_leak(name, t):
     torch.testing.assert_close(y[:, :t], y2[:, :t], atol=1e-5, rtol=1e-4)
     # and the future does matter to the future, so the check above is not vacuous
     assert not torch.allclose(y[:, t:], y2[:, t:])
+
+
+@pytest.mark.parametrize("name", xsearch.list_attentions(causal=True))
+def test_causal_prefix_consistency(name):
+    """A decoder's outputs on a prefix equal its outputs on the whole sequence (no dependence on N)."""
+    m = small_attention(name, causal=True).eval()
+    x, _ = _padded_batch()
+    y = m(x)
+    for t in (1, 8, 20, 33):
+        torch.testing.assert_close(m(x[:, :t]), y[:, :t], atol=1e-5, rtol=1e-4)
 
 
 @pytest.mark.parametrize("name,causal", MODES)

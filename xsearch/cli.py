@@ -423,6 +423,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _setup_logging(verbose: bool) -> None:
+    from rich.console import Console
     from rich.logging import RichHandler
 
     # Root at WARNING (libraries such as onnxruntime's quantizer log chatter at INFO on the root
@@ -430,11 +431,12 @@ def _setup_logging(verbose: bool) -> None:
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.WARNING,
         format="%(message)s",
-        handlers=[RichHandler(show_path=False, show_time=False)],
+        handlers=[RichHandler(console=Console(stderr=True), show_path=False, show_time=False)],
     )
     logging.getLogger("xsearch").setLevel(logging.DEBUG if verbose else logging.INFO)
     for noisy in ("torch", "onnxscript", "onnx_ir"):
         logging.getLogger(noisy).setLevel(logging.ERROR)
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -76,3 +76,94 @@ def blocked_sdpa(qb, kw, vw, allowed, dropout_p: float = 0.0) -> torch.Tensor:
         dropout_p=dropout_p,
     )
     return out.reshape(b, nb, h, bs, d)
+
+
+MIN_BLOCK = 16  # smaller blocks cost more in per-block overhead than they save in masked keys
+
+
+def gather_windows(t: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """The key windows ``t[:, :, idx[s]]`` of every query block ``s``, gathered with one copy.
+
+    Args:
+        t: ``(B, H, L, Dh)``, best a transposed view of a ``(B, L, H, Dh)`` tensor (as
+            ``split_heads`` returns), whose rows are then copied whole.
+        idx: long ``(nb, W)``, positions in ``[0, L)``.
+
+    Returns:
+        ``(B, nb, H, W, Dh)``: a view of a contiguous ``(B, nb, W, H, Dh)`` tensor, which the
+        fused kernel reads as it is (the head stride of ``split_heads`` outputs).
+    """
+    b, h, _, d = t.shape
+    nb, w = idx.shape
+    rows = t.transpose(1, 2).index_select(1, idx.reshape(-1))  # (B, nb*W, H, Dh)
+    return rows.reshape(b, nb, w, h, d).transpose(2, 3)
+
+
+def band_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    real: torch.Tensor,
+    *,
+    back: int,
+    ahead: int,
+    extra_k: torch.Tensor | None = None,
+    extra_v: torch.Tensor | None = None,
+    extra_real: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    min_block: int = MIN_BLOCK,
+) -> torch.Tensor:
+    """Banded softmax attention, optionally with extra keys every query sees, in O(N·(back+ahead)).
+
+    Query ``i`` attends key ``j`` when ``i - back <= j <= i + ahead`` and ``real[j]``, plus
+    every extra key ``e`` with ``extra_real[e]``; all of them are normalised together in one
+    softmax. Every query may also attend its own position, so no row is fully masked (a
+    padded query sees itself; a real query already does unless ``real`` excludes it, in which
+    case the caller discards that row).
+
+    Blocks of ``bs = max(ceil((back + ahead) / 2), min_block)`` queries attend ``ceil(back/bs)``
+    previous and ``ceil(ahead/bs)`` next blocks (1 and 1 for a symmetric band, 2 and 0 for a
+    causal one: 3 blocks, about ``1.5 (back + ahead)`` keys for ``back + ahead + 1`` used) and the extra
+    keys, gathered into one window per block and run through the fused 4-D kernel by
+    ``blocked_sdpa``. The band mask depends only on the slot within the block and the
+    window, so it is built once as ``(bs, W)``.
+
+    Args:
+        q, k, v: ``(B, H, N, Dh)``.
+        real: bool ``(B, N)``: keys that may be attended inside the band.
+        back, ahead: band half-widths (``>= 0``), in positions.
+        extra_k, extra_v: ``(B, H, E, Dh)`` keys/values appended to every query's window.
+        extra_real: bool ``(B, E)``: which extra keys may be attended.
+        dropout_p: attention dropout.
+        min_block: smallest block length.
+
+    Returns:
+        ``(B, H, N, Dh)``.
+    """
+    b, h, n, d = q.shape
+    dev = q.device
+    bs = max(-(-(back + ahead) // 2), min_block)
+    lb, la = -(-back // bs), -(-ahead // bs)
+    qb = to_blocks(q, bs)  # (B, nb, H, bs, Dh)
+    nb = qb.shape[1]
+    offsets = torch.arange((lb + 1 + la) * bs, device=dev) - lb * bs  # (W,): key position - block start
+    pos = torch.arange(nb, device=dev)[:, None] * bs + offsets[None, :]  # (nb, W)
+    inside = (pos >= 0) & (pos < n)
+    idx = torch.where(inside, pos, torch.zeros_like(pos))  # masked slots read position 0
+    rel = torch.arange(bs, device=dev)[:, None] - offsets[None, :]  # (bs, W): i - j
+    band = (rel <= back) & (rel >= -ahead)
+    own = rel == 0
+    if extra_k is not None and extra_v is not None and extra_real is not None:
+        # The extra keys sit after the sequence: positions n .. n+E-1.
+        e = extra_k.shape[2]
+        idx = torch.cat([idx, (torch.arange(e, device=dev) + n)[None, :].expand(nb, e)], dim=1)  # (nb, W+E)
+        inside = torch.cat([inside, inside.new_ones(nb, e)], dim=1)
+        band = torch.cat([band, band.new_ones(bs, e)], dim=1)  # (bs, W+E)
+        own = torch.cat([own, own.new_zeros(bs, e)], dim=1)
+        k = torch.cat([k.transpose(1, 2), extra_k.transpose(1, 2)], dim=1).transpose(1, 2)  # (B, H, N+E, Dh)
+        v = torch.cat([v.transpose(1, 2), extra_v.transpose(1, 2)], dim=1).transpose(1, 2)
+        real = torch.cat([real, extra_real], dim=1)  # (B, N+E)
+    realw = real.index_select(1, idx.reshape(-1)).reshape(b, nb, -1) & inside  # (B, nb, W')
+    allowed = (realw[:, :, None, :] & band) | own  # (B, nb, bs, W')
+    out = blocked_sdpa(qb, gather_windows(k, idx), gather_windows(v, idx), allowed, dropout_p)  # (B, nb, H, bs, Dh)
+    return from_blocks(out, n)

@@ -1,0 +1,108 @@
+"""Image Transformer (Parmar et al.), local 2-D attention: the sequence is laid out as a grid
+in raster order and each rectangular query block attends a memory block around it.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from xsearch.attention._base import Attention, AttentionSpec, positive_int
+from xsearch.attention._blocks import real_tokens
+from xsearch.attention._registry import register
+
+
+@register(
+    AttentionSpec(
+        name="image",
+        paper="Image Transformer",
+        family=("FP",),
+        complexity="O(N·(bh+2m)(bw+2m))",
+        causal=True,
+        params={"width": 64, "block_h": 8, "block_w": 16, "memory": 8},
+        small_params={"width": 8, "block_h": 2, "block_w": 4, "memory": 1},
+    )
+)
+class ImageAttention(Attention):
+    """Local 2-D attention on a grid of ``width`` columns filled in raster order.
+
+    The grid is cut into query blocks of ``block_h`` x ``block_w``; each attends its memory
+    block: the query block extended by ``memory`` rows/columns on every side (encoder) or, as
+    in the paper's decoder, ``memory`` rows above and ``memory`` columns left and right only,
+    with keys after the query in raster order masked (including later positions of its own
+    block). The grid is padded inside (to whole rows, to whole blocks and by the memory
+    flange); that padding is masked, and every query may see itself so no row is fully
+    masked. Queries of a block share one key window, so attention runs as one fused 4-D call;
+    query and memory blocks are gathered from the projections by sequence position.
+
+    The paper generates an image block by block (blocks in raster order, raster order inside
+    a block); here the token order is the image raster order, so the decoder mask follows it:
+    of the memory block, a query sees the rows above its own in full, its own row up to
+    itself, and nothing of the rows below it (left flange included).
+    """
+
+    def check_params(self, width: int, block_h: int, block_w: int, memory: int) -> None:
+        positive_int("image", "width", width)
+        positive_int("image", "block_h", block_h)
+        positive_int("image", "block_w", block_w)
+        if memory < 0:
+            raise ValueError(f"attention 'image': parameter 'memory' must be >= 0, got {memory}")
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        mask = self.check_input(x, mask)
+        width, bh, bw, m = (self.params[k] for k in ("width", "block_h", "block_w", "memory"))
+        top, bottom = m, (0 if self.causal else m)
+        b, n, _ = x.shape
+        h, d = self.n_heads, self.head_dim
+        dev = x.device
+        # Grid: R rows of `width`, padded to whole blocks (Rp x Wp). Everything is gathered
+        # straight from the (B, N, H*Dh) projections by sequence position (one copy each).
+        rows = (n + width - 1) // width
+        nbh, nbw = (rows + bh - 1) // bh, (width + bw - 1) // bw
+        wp = nbw * bw
+        nb, qn, kn = nbh * nbw, bh * bw, (bh + top + bottom) * (bw + 2 * m)
+
+        def cells(row: torch.Tensor, col: torch.Tensor):
+            """Sequence position (0 where outside it), validity, and grid-cell id (raster order
+            of the padded grid, -1 outside it) of grid cells."""
+            inside = (row >= 0) & (row < nbh * bh) & (col >= 0) & (col < wp)
+            pos = row * width + col
+            valid = (col < width) & (pos < n) & inside
+            return torch.where(valid, pos, 0), valid, torch.where(inside, row * wp + col, -1)
+
+        # Query blocks (nbh, nbw, bh, bw) and memory blocks (nbh, nbw, Wh, Ww), flattened per block.
+        r0 = torch.arange(nbh, device=dev)[:, None, None, None] * bh
+        c0 = torch.arange(nbw, device=dev)[None, :, None, None] * bw
+        qrow = r0 + torch.arange(bh, device=dev)[:, None]
+        qcol = c0 + torch.arange(bw, device=dev)
+        q_pos, _, q_id = cells(qrow.expand(nbh, nbw, bh, bw), qcol.expand(nbh, nbw, bh, bw))
+        krow = r0 + torch.arange(-top, bh + bottom, device=dev)[:, None]
+        kcol = c0 + torch.arange(-m, bw + m, device=dev)
+        shape = (nbh, nbw, bh + top + bottom, bw + 2 * m)
+        k_pos, k_valid, k_id = cells(krow.expand(shape), kcol.expand(shape))
+        q_pos, q_id = q_pos.reshape(nb, qn), q_id.reshape(nb, qn)
+        k_pos, k_valid, k_id = k_pos.reshape(nb, kn), k_valid.reshape(nb, kn), k_id.reshape(nb, kn)
+
+        real = real_tokens(mask, b, n, 1, dev) > 0.5  # (B, N)
+        allowed = (real[:, k_pos] & k_valid)[:, :, None, :]  # (B, nb, 1, K)
+        if self.causal:
+            allowed = allowed & (k_id[:, None, :] <= q_id[:, :, None])  # (B, nb, Q, K)
+        # A padded query may see itself, so no row is fully masked (real rows unchanged).
+        allowed = allowed | (k_id[:, None, :] == q_id[:, :, None])
+
+        def gather(t: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:  # (B, N, H*Dh) -> (B*nb, H, X, Dh)
+            return t[:, idx].reshape(b * nb, idx.shape[1], h, d).transpose(1, 2)
+
+        out = F.scaled_dot_product_attention(
+            gather(self.q_proj(x), q_pos),
+            gather(self.k_proj(x), k_pos),
+            gather(self.v_proj(x), k_pos),
+            attn_mask=allowed.reshape(b * nb, 1, -1, kn),
+            dropout_p=self.dropout_p if self.training else 0.0,
+        )  # (B*nb, H, Q, Dh)
+        # Back to sequence order: position p sits in block (r // bh, c // bw) at (r % bh, c % bw).
+        p = torch.arange(n, device=dev)
+        r, c = p // width, p % width
+        slot = ((r // bh) * nbw + c // bw) * qn + (r % bh) * bw + c % bw  # (N,)
+        out = out.transpose(1, 2).reshape(b, nb * qn, h, d)[:, slot]  # (B, N, H, Dh)
+        return self.finish(out.transpose(1, 2), mask)

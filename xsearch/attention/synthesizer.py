@@ -1,0 +1,143 @@
+"""Synthesizer (Tay et al.): attention weights synthesised without token-token dot products."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from xsearch.attention._base import Attention, AttentionSpec, positive_int, sdpa
+from xsearch.attention._registry import register
+
+MODES = ("dense", "random", "factorized")
+
+# Added to the score of a padded key: exp() of it is exactly 0 next to any real score, and it
+# stays finite in fp16/bf16 (a row of only padded keys stays finite; such rows are zeroed).
+_NEG = -1.0e4
+
+
+@register(
+    AttentionSpec(
+        name="synthesizer",
+        paper="Synthesizer: Rethinking Self-Attention in Transformer Models",
+        family=("LR", "LP"),
+        complexity="O(N²)",
+        causal=True,
+        params={"mode": "dense", "mix": 0.5, "k": 32},
+        quadratic=True,
+        small_params={"k": 4},
+    )
+)
+class SynthesizerAttention(Attention):
+    """Synthetic attention logits ``S`` (``N x N`` per head), mixed with dot-product logits:
+    ``softmax(mix · QKᵀ/√Dh + (1 - mix) · S) V`` with ``V = v_proj(X)``.
+
+    ``mode``:
+        * ``"dense"``: each token predicts its own row of ``max_len`` logits,
+          ``S_i = W2 · relu(W1 x_i + b1) + b2`` per head (``dense_in``: ``D -> H*Dh``, so the
+          hidden width per head is ``Dh``; ``dense_out``/``dense_bias``: ``Dh -> max_len``),
+          sliced to the first N columns.
+        * ``"random"``: a learned ``max_len x max_len`` logit matrix per head (``random``),
+          sliced to ``N x N``; independent of the input. Note its size: ``H·max_len²``
+          parameters (268M at max_len 8192, 4 heads), so use it with short ``max_len``.
+        * ``"factorized"``: the paper's factorized *random* Synthesizer,
+          ``S = R1 R2ᵀ`` with ``R1, R2`` of shape ``max_len x k`` per head (``factor_q``,
+          ``factor_k``); ``k`` is used by this mode only. The factorized dense variant is not
+          implemented.
+
+    ``mix`` is a fixed float in ``[0, 1]``, the weight of dot-product attention in the logit
+    mixture (the paper's "mixture of synthesizers", with fixed instead of learned weights so it
+    can be searched): 0 = pure synthetic (``q_proj``/``k_proj`` are then unused and get no
+    gradient), 1 = plain softmax attention (the synthetic parameters are then unused). The
+    default 0.5 uses every parameter.
+
+    Dense and factorized logits are dot products between a per-query vector (``[h_i, 1]`` or
+    ``R1_i``) and a per-key vector built from parameters (``[W2_j, b2_j]`` or ``R2_j``), so they
+    are appended as extra coordinates to q and k and the whole mixture runs in the fused
+    attention kernel without any ``N x N`` tensor. Random mode passes ``S`` as a float mask of
+    shape ``(H, 1, N, N)`` with heads moved to the batch axis (the fused kernel wants a mask
+    that broadcasts over its second axis). Padded keys are zeroed and get a ``-1e4`` score
+    through one more coordinate (``O(N)`` instead of an ``N x N`` mask); causal masking is the
+    kernel's causal mask (dense, factorized) or part of the float mask (random).
+    """
+
+    def check_params(self, mode, mix, k):
+        if mode not in MODES:
+            raise ValueError(f"attention 'synthesizer': parameter 'mode' must be one of {MODES}, got {mode!r}")
+        if not 0.0 <= mix <= 1.0:
+            raise ValueError(f"attention 'synthesizer': parameter 'mix' must be in [0, 1], got {mix!r}")
+        positive_int("synthesizer", "k", k)
+        if self.max_len is None:
+            raise ValueError("attention 'synthesizer' needs max_len (its synthetic logits are max_len wide)")
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        h, dh, n = self.n_heads, self.head_dim, self.max_len
+        mode, k = self.params["mode"], self.params["k"]
+        if mode == "dense":
+            self.dense_in = nn.Linear(self.d_model, h * dh)  # W1, b1
+            self.dense_out = nn.Parameter(torch.randn(h, dh, n) * math.sqrt(2.0 / dh))  # W2 per head
+            self.dense_bias = nn.Parameter(torch.zeros(h, n))  # b2 per head
+        elif mode == "random":
+            self.random = nn.Parameter(torch.randn(h, n, n))  # (H, max_len, max_len)
+        else:
+            std = k**-0.25  # R1 R2ᵀ entries then have unit variance, like the random mode's
+            self.factor_q = nn.Parameter(torch.randn(h, n, k) * std)  # R1
+            self.factor_k = nn.Parameter(torch.randn(h, n, k) * std)  # R2
+
+    def forward(self, x, mask=None):
+        mask = self.check_input(x, mask)
+        b, n, _ = x.shape
+        h, dh = self.n_heads, self.head_dim
+        mode, mix = self.params["mode"], self.params["mix"]
+        syn = 1.0 - mix
+        v = self.split_heads(self.v_proj(x))  # (B, H, N, Dh)
+        keep = None if mask is None else mask[:, None, :, None].to(x.dtype)  # (B, 1, N, 1)
+
+        # Each entry of qs pairs with the entry of ks at the same index; scores = Σ qs·ks.
+        qs: list[torch.Tensor] = []
+        ks: list[torch.Tensor] = []
+        if mix > 0.0:
+            k = self.split_heads(self.k_proj(x))  # (B, H, N, Dh)
+            qs.append(self.split_heads(self.q_proj(x)) * (mix * self.scale))
+            ks.append(k if keep is None else k * keep)  # padded keys carry no content
+        logit_mask = None
+        if syn > 0.0:
+            if mode == "dense":
+                hid = self.split_heads(torch.relu(self.dense_in(x)))  # (B, H, N, Dh)
+                qs += [hid * syn, x.new_full((b, h, n, 1), syn)]
+                w2 = self.dense_out[:, :, :n].transpose(1, 2)  # (H, N, Dh)
+                ks += [w2.expand(b, h, n, dh), self.dense_bias[:, :n, None].expand(b, h, n, 1)]
+            elif mode == "factorized":
+                kk = self.params["k"]
+                qs.append((self.factor_q[:, :n] * syn).expand(b, h, n, kk))  # (B, H, N, k)
+                ks.append(self.factor_k[:, :n].expand(b, h, n, kk))
+            else:
+                logit_mask = self.random[:, :n, :n] * syn  # (H, N, N)
+                if self.causal:
+                    future = torch.ones(n, n, dtype=torch.bool, device=x.device).triu(1)
+                    logit_mask = logit_mask.masked_fill(future, float("-inf"))
+        if mask is not None:
+            qs.append(x.new_ones(b, h, n, 1))
+            ks.append(((~mask).to(x.dtype) * _NEG)[:, None, :, None].expand(b, h, n, 1))
+        if not qs:  # mix=0, random mode, no padding: scores come from the logit mask alone
+            qs.append(x.new_zeros(b, h, n, 1))
+            ks.append(x.new_zeros(b, h, n, 1))
+
+        qa, ka = torch.cat(qs, dim=-1), torch.cat(ks, dim=-1)  # (B, H, N, W)
+        # The fused CPU kernel wants equal q/k and v widths (a mismatch falls back to a path
+        # several times slower), so everything is zero-padded to a common multiple of 8.
+        width = -(-max(qa.shape[-1], dh) // 8) * 8
+        qa = F.pad(qa, (0, width - qa.shape[-1]))
+        ka = F.pad(ka, (0, width - ka.shape[-1]))
+        va = F.pad(v, (0, width - dh))
+        p = self.dropout_p if self.training else 0.0
+        if logit_mask is None:
+            out = sdpa(qa, ka, va, causal=self.causal, dropout_p=p, scale=1.0)  # (B, H, N, W)
+        else:
+            # Heads on the batch axis: the (H, 1, N, N) mask then broadcasts over the batch.
+            t = (qa.transpose(0, 1), ka.transpose(0, 1), va.transpose(0, 1))  # (H, B, N, W)
+            out = sdpa(*t, logit_mask[:, None], dropout_p=p, scale=1.0).transpose(0, 1)
+        return self.finish(out[..., :dh], mask)

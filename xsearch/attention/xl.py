@@ -1,0 +1,186 @@
+"""Transformer-XL (Dai et al.): segment-level recurrence with relative positional encoding.
+
+The sequence is cut into segments of ``segment_len``; every segment attends itself plus a
+memory of the ``mem_len`` layer-input states that precede it, with the gradient stopped at
+the memory. Because the memory of a segment is a function of earlier inputs only, all
+segments are computed at once (no Python loop with carried state).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from xsearch.attention._base import Attention, AttentionSpec, pad_to_multiple, positive_int
+from xsearch.attention._blocks import real_tokens
+from xsearch.attention._registry import register
+
+
+def sinusoid(positions: torch.Tensor, dim: int) -> torch.Tensor:
+    """Transformer-XL's sinusoidal embedding ``[sin(p·ω), cos(p·ω)]``, ``ω_f = 10000^(-2f/dim)``.
+
+    Args:
+        positions: ``(P,)`` (relative) positions, any sign.
+        dim: embedding width (even).
+
+    Returns:
+        ``(P, dim)``.
+    """
+    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, dim, 2, device=positions.device, dtype=torch.float32) / dim))
+    angles = positions.to(torch.float32)[:, None] * inv_freq[None, :]  # (P, dim/2)
+    return torch.cat([angles.sin(), angles.cos()], dim=-1)
+
+
+def _valid_index(idx: torch.Tensor, offset: int | torch.SymInt) -> torch.Tensor:
+    """Shift non-negative indices by ``offset``; keep negative ones (slots before the sequence) at -1."""
+    return torch.where(idx >= 0, idx + offset, torch.full_like(idx, -1))
+
+
+@register(
+    AttentionSpec(
+        name="xl",
+        paper="Transformer-XL: Attentive Language Models Beyond a Fixed-Length Context",
+        family=("RC",),
+        complexity="O(N·(L+M))",
+        causal=True,
+        params={"segment_len": 128, "mem_len": 128},
+        small_params={"segment_len": 8, "mem_len": 8},
+    )
+)
+class XLAttention(Attention):
+    """Segment-level recurrence: segment ``s`` (positions ``[sL, sL+L)``) attends the ``mem_len``
+    states ``[sL-M, sL)`` before it (the layer inputs of earlier segments, ``.detach()``-ed and
+    projected with ``k_proj``/``v_proj``, as in the paper) and itself (causally in decoder mode,
+    bidirectionally otherwise).
+
+    Scores use the paper's relative positional encoding,
+    ``(q_i + u)·k_j + (q_i + v)·r_{i-j}``, scaled by ``1/sqrt(head_dim)``, where
+    ``r_d = r_proj(R_d)``, ``R_d`` the sinusoidal embedding (width ``d_model``, rounded up
+    to even) of the distance ``d = i - j``, and ``u``, ``v`` (``u_bias``, ``v_bias``) learned
+    per head. ``r_proj`` has no bias: a bias would add a per-query constant that the softmax
+    cancels (and it would never get a gradient). The positional term is passed to the fused
+    kernel as an additive per-head mask, so nothing N x N is formed: per segment the keys are
+    ``mem_len + segment_len``.
+
+    Since the memory is a fixed window of earlier inputs, all segments are computed in one
+    pass; the result equals the paper's segment-by-segment recurrence for one layer (the
+    memory of layer ``l`` is the input of layer ``l`` over earlier segments). Under
+    ``torch.no_grad``/inference mode the detached and live projections are identical, so the
+    keys are projected once. Subclasses may prepend further (older) memory slots through
+    ``older_memory``; relative distances then count one position per slot.
+    """
+
+    def check_params(self, segment_len: int, mem_len: int, **_: Any) -> None:
+        name = self.spec.name
+        positive_int(name, "segment_len", segment_len)
+        if mem_len < 0:
+            raise ValueError(f"attention {name!r}: parameter 'mem_len' must be >= 0, got {mem_len}")
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        inner = self.n_heads * self.head_dim
+        self.pos_dim = 2 * ((self.d_model + 1) // 2)
+        self.r_proj = nn.Linear(self.pos_dim, inner, bias=False)
+        self.u_bias = nn.Parameter(torch.randn(self.n_heads, self.head_dim) * 0.02)
+        self.v_bias = nn.Parameter(torch.randn(self.n_heads, self.head_dim) * 0.02)
+
+    def older_memory(
+        self, x: torch.Tensor, real: torch.Tensor, n_segments: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """Extra memory slots placed before the ``mem_len`` memory of every segment.
+
+        Args:
+            x: ``(B, N, D)`` layer input; real: ``(B, Np)`` float real-token flags (padded to
+                a whole number of segments); n_segments: S.
+
+        Returns:
+            None, or a source of slots: keys and values ``(B, T, H, Dh)``, their real flags
+            ``(B, T)``, and ``(S, P)`` indices of each segment's slots in it (-1 = none).
+        """
+        return None
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        mask = self.check_input(x, mask)
+        b, n, _ = x.shape
+        seg, mem = self.params["segment_len"], self.params["mem_len"]
+        h, dh = self.n_heads, self.head_dim
+        dev = x.device
+        # Heads stay in the (B, N, H, Dh) layout: windows are gathered along N without copies
+        # of head-major tensors, and the kernel takes the transposed views as they are.
+        q = pad_to_multiple(self.q_proj(x).view(b, n, h, dh), seg, dim=1)  # (B, Np, H, Dh)
+        k = pad_to_multiple(self.k_proj(x).view(b, n, h, dh), seg, dim=1)
+        v = pad_to_multiple(self.v_proj(x).view(b, n, h, dh), seg, dim=1)
+        real = real_tokens(mask, b, n, seg, dev)  # (B, Np)
+        s = real.shape[1] // seg
+        seg_start = torch.arange(s, device=dev)[:, None] * seg  # (S, 1)
+        cur_idx = seg_start + torch.arange(seg, device=dev)  # (S, L): the segment itself
+
+        # Sources of key slots (keys, values, real flags, per-segment indices), in window order.
+        sources = []
+        extra = self.older_memory(x, real, s)
+        if extra is not None:
+            sources.append(extra)
+        if mem > 0:
+            # Memory of segment s: positions [sL - M, sL); negative ones are masked.
+            mem_idx = seg_start - mem + torch.arange(mem, device=dev)  # (S, M)
+            if torch.is_grad_enabled() and x.requires_grad:
+                # The memory is stop-gradient (SG(h) in the paper): project a detached copy.
+                xd = x.detach()
+                k_old = pad_to_multiple(self.k_proj(xd).view(b, n, h, dh), seg, dim=1)
+                v_old = pad_to_multiple(self.v_proj(xd).view(b, n, h, dh), seg, dim=1)
+                sources += [(k_old, v_old, real, mem_idx), (k, v, real, cur_idx)]
+            else:  # no gradient: the detached projection is the same tensor
+                sources.append((k, v, real, torch.cat([mem_idx, cur_idx], dim=1)))
+        else:
+            sources.append((k, v, real, cur_idx))
+        if len(sources) == 1:
+            k_src, v_src, real_src, idx = sources[0]
+        else:
+            idxs, total = [], 0
+            for src in sources:
+                idxs.append(_valid_index(src[3], total))
+                total = total + src[0].shape[1]
+            k_src = torch.cat([src[0] for src in sources], dim=1)  # (B, T, H, Dh)
+            v_src = torch.cat([src[1] for src in sources], dim=1)
+            real_src = torch.cat([src[2] for src in sources], dim=1)  # (B, T)
+            idx = torch.cat(idxs, dim=1)  # (S, W)
+        w = idx.shape[1]
+        safe = idx.clamp(min=0)
+        kw = k_src[:, safe].reshape(b * s, w, h, dh).transpose(1, 2)  # (B*S, H, W, Dh)
+        vw = v_src[:, safe].reshape(b * s, w, h, dh).transpose(1, 2)
+        rw = real_src[:, safe] * (idx >= 0).to(real_src.dtype)  # (B, S, W)
+
+        # Positions inside the window: keys 0..W-1, queries W-L..W-1 (the segment itself).
+        kpos = torch.arange(w, device=dev)
+        qpos = kpos[w - seg :]
+        allowed = (rw > 0.5)[:, :, None, :]  # (B, S, 1, W)
+        if self.causal:
+            allowed = allowed & (kpos[None, :] <= qpos[:, None])  # (B, S, L, W)
+        # A padded query may see itself, so no row is fully masked (real rows unchanged).
+        allowed = (allowed | (kpos[None, :] == qpos[:, None])).reshape(b * s, 1, seg, w)
+
+        # Relative term (q_i + v)·r_{i-j}: scores against a table of decreasing distances
+        # (W-1 down to dmin), then the paper's "relative shift" (a flat view with one element
+        # less per row) turns row i's table entries into the W distances i - j. In causal mode
+        # the table stops at -1 and entries for j > i read the next row's values; they are masked.
+        dmin = -1 if self.causal else -(seg - 1)
+        dists = torch.arange(w - 1, dmin - 1, -1, device=dev)  # (R,), R = W - dmin >= W + 1
+        nr = w - dmin
+        r = self.r_proj(sinusoid(dists, self.pos_dim).to(x.dtype)) * self.scale  # (R, H*Dh)
+        r = r.view(nr, h, dh).permute(1, 2, 0)  # (H, Dh, R)
+        qv = (q + self.v_bias).reshape(b * s * seg, h, dh).transpose(0, 1)  # (H, B*Np, Dh)
+        bd = torch.bmm(qv, r).view(h, b * s, seg * nr)  # (H, B*S, L*R)
+        bd = bd[:, :, seg - 1 : seg - 1 + seg * (nr - 1)].reshape(h, b * s, seg, nr - 1)[..., :w]  # (H, B*S, L, W)
+        # Masked in place: the score table itself becomes the kernel's additive mask (a strided
+        # view), sparing another (B*S, H, L, W) tensor.
+        bias = bd.transpose(0, 1).masked_fill_(~allowed, float("-inf"))  # (B*S, H, L, W)
+
+        qu = (q + self.u_bias).reshape(b * s, seg, h, dh).transpose(1, 2)  # (B*S, H, L, Dh)
+        out = F.scaled_dot_product_attention(
+            qu, kw, vw, attn_mask=bias, dropout_p=self.dropout_p if self.training else 0.0, scale=self.scale
+        )  # (B*S, H, L, Dh)
+        out = out.transpose(1, 2).reshape(b, s * seg, h, dh)[:, :n].transpose(1, 2)  # (B, H, N, Dh)
+        return self.finish(out, mask)
