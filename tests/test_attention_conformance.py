@@ -93,6 +93,16 @@ def test_causal_prefix_consistency(name):
 
 
 @pytest.mark.parametrize("name,causal", MODES)
+def test_inference_mode_matches_autograd_mode(name, causal):
+    """Inference-only code paths (fused projections, eager chunking) compute the same function."""
+    m = small_attention(name, causal=causal).eval()
+    x, mask = _padded_batch()
+    y = m(x, mask)
+    with torch.inference_mode():
+        torch.testing.assert_close(m(x, mask), y, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name,causal", MODES)
 def test_eval_determinism(name, causal):
     torch.manual_seed(1)
     m1 = small_attention(name, causal=causal).eval()

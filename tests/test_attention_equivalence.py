@@ -117,3 +117,20 @@ def test_linformer_padding_equals_truncation():
     mask = torch.ones(1, 30, dtype=torch.bool)
     mask[0, 20:] = False
     torch.testing.assert_close(m(x, mask)[0, :20], m(x[:, :20])[0], atol=1e-5, rtol=1e-4)
+
+
+def test_performer_chunked_encoder_equals_vectorised_path():
+    from xsearch.attention._kernel_core import kernel_attention
+
+    m = small_attention("performer").eval()
+    x = torch.randn(2, 45, D_MODEL)
+    mask = torch.ones(2, 45, dtype=torch.bool)
+    mask[1, 20:] = False
+    mask[1, :3] = False
+    q, k, v = (m.split_heads(p(x)) for p in (m.q_proj, m.k_proj, m.v_proj))
+    ref = kernel_attention(m._features(q, True, mask), m._features(k, False, mask) * mask[:, None, :, None], v,
+                           causal=False)  # fmt: skip
+    for chunk in (1, 7, 16, 64):
+        got = m._encoder_chunked(q, k, v, mask, chunk=chunk)
+        torch.testing.assert_close(got[:, :, :20], ref[:, :, :20], atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(got[0], ref[0], atol=1e-5, rtol=1e-4)

@@ -12,6 +12,7 @@ import torch
 from xsearch.attention._base import pad_to_multiple
 
 DEFAULT_CHUNK = 128
+KERNEL_EPS = 1e-6
 
 
 def kernel_attention(
@@ -21,7 +22,7 @@ def kernel_attention(
     *,
     causal: bool,
     chunk: int = DEFAULT_CHUNK,
-    eps: float = 1e-6,
+    eps: float = KERNEL_EPS,
 ) -> torch.Tensor:
     """Linear attention with non-negative features.
 
@@ -36,11 +37,10 @@ def kernel_attention(
         ``(B, H, N, Dh)``.
     """
     if not causal:
-        kv = torch.einsum("bhnm,bhnd->bhmd", phi_k, v)  # (B, H, M, Dh)
-        z = phi_k.sum(dim=2)  # (B, H, M)
-        num = torch.einsum("bhnm,bhmd->bhnd", phi_q, kv)
-        den = torch.einsum("bhnm,bhm->bhn", phi_q, z)
-        return num / (den.unsqueeze(-1) + eps)
+        kv = torch.matmul(phi_k.transpose(-1, -2), v)  # (B, H, M, Dh)
+        z = phi_k.sum(dim=2, keepdim=True)  # (B, H, 1, M)
+        num = torch.matmul(phi_q, kv)  # (B, H, N, Dh)
+        return num / ((phi_q * z).sum(-1, keepdim=True) + eps)
 
     b, h, n, m = phi_q.shape
     d = v.shape[-1]

@@ -55,9 +55,7 @@ class ETCAttention(Attention):
         mask = self.check_input(x, mask)
         b, n, _ = x.shape
         real = torch.ones(b, n, dtype=torch.bool, device=x.device) if mask is None else mask  # (B, N)
-        q = self.split_heads(self.q_proj(x))  # (B, H, N, Dh)
-        k = self.split_heads(self.k_proj(x))
-        v = self.split_heads(self.v_proj(x))
+        q, k, v = self.project_qkv(x)  # (B, H, N, Dh) each
         gk, gv = self.global_states(k, v, real)  # (B, H, G, Dh)
         out = self.local_side(q, k, v, gk, gv, real)  # (B, H, N, Dh)
         return self.finish(out, mask)

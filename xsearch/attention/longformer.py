@@ -96,9 +96,7 @@ class LongformerAttention(Attention):
         mask = self.check_input(x, mask)
         b, n, _ = x.shape
         p = self.dropout_p if self.training else 0.0
-        q = self.split_heads(self.q_proj(x))  # (B, H, N, Dh)
-        k = self.split_heads(self.k_proj(x))
-        v = self.split_heads(self.v_proj(x))
+        q, k, v = self.project_qkv(x)  # (B, H, N, Dh) each
         real = torch.ones(b, n, dtype=torch.bool, device=x.device) if mask is None else mask  # (B, N)
         g = self.n_global
         pos = torch.arange(n, device=x.device)

@@ -7,7 +7,7 @@ import math
 import torch
 
 from xsearch.attention._base import Attention, AttentionSpec, positive_int
-from xsearch.attention._kernel_core import kernel_attention
+from xsearch.attention._kernel_core import KERNEL_EPS, kernel_attention
 from xsearch.attention._registry import register
 
 
@@ -25,6 +25,15 @@ def orthogonal_features(m: int, d: int, generator: torch.Generator | None = None
     w = torch.cat(blocks, dim=0)[:m]
     norms = torch.randn(m, d, generator=generator).norm(dim=1, keepdim=True)
     return w * norms
+
+
+ENCODER_CHUNK = 1024  # tokens per step of the eager encoder (keeps feature maps in cache)
+
+
+def _exporting() -> bool:
+    # A Python loop over chunks of a symbolic length cannot be traced: export takes the
+    # vectorised path (the tests check both paths agree).
+    return torch.compiler.is_compiling() or torch.jit.is_tracing()
 
 
 @register(
@@ -67,17 +76,61 @@ class PerformerAttention(Attention):
         w = orthogonal_features(self.params["nb_features"], self.head_dim)
         self.projection.copy_(w.to(self.projection))
 
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        """``w·y - |y|²/2`` with ``y = x / d^(1/4)``: the exponent of the positive features."""
+        c = self.head_dim**-0.25
+        logits = torch.matmul(x, self.projection.T * c)  # (B, H, N, M)
+        return logits.sub_((x * x).sum(-1, keepdim=True) * (0.5 * c * c))
+
     def _features(self, x: torch.Tensor, is_query: bool, mask: torch.Tensor | None) -> torch.Tensor:
-        x = x * self.head_dim**-0.25
-        logits = x @ self.projection.T - 0.5 * (x * x).sum(-1, keepdim=True)  # (B, H, N, M)
+        # exp(w·y - |y|²/2 - stab); the paper's 1/sqrt(m) factor cancels in the ratio of
+        # kernel_attention, so it is left out. In-place passes: at N = 8192 the passes over the
+        # (B, H, N, M) tensor, not the matmuls, dominate the cost.
+        logits = self._logits(x)
         if is_query:
             stab = logits.amax(dim=-1, keepdim=True).detach()
         elif self.causal:
-            stab = 0.5 * (self.projection**2).sum(-1).amax(dim=0)
+            stab = 0.5 * (self.projection**2).sum(-1).amax(dim=0)  # w·y - |y|²/2 <= |w|²/2
         else:
             masked = logits if mask is None else logits.masked_fill(~mask[:, None, :, None], -1e30)
             stab = masked.amax(dim=(-2, -1), keepdim=True).detach()
-        return torch.exp(logits - stab) * self.params["nb_features"] ** -0.5
+        return logits.sub_(stab).exp_()
+
+    def _encoder_chunked(self, q, k, v, mask, chunk: int = ENCODER_CHUNK) -> torch.Tensor:
+        """The encoder computed ``chunk`` tokens at a time (eager mode): the same result as
+        ``kernel_attention`` on full feature maps, without ever holding an ``(N, M)`` map.
+
+        Keys are stabilised by a running max, the accumulated state rescaled whenever it grows
+        (as in online softmax), so the effective stabiliser is still the max over all real keys.
+        """
+        n = v.shape[2]
+        kv = z = run_max = None
+        for s in range(0, n, chunk):
+            logits = self._logits(k[:, :, s : s + chunk])  # (B, H, c, M)
+            real = None if mask is None else mask[:, None, s : s + chunk, None]
+            if real is not None:
+                logits = logits.masked_fill_(~real, -1e30)
+            new_max = logits.amax(dim=(-2, -1), keepdim=True).detach()
+            if run_max is not None:
+                new_max = torch.maximum(run_max, new_max)
+            phi_k = logits.sub_(new_max).exp_()
+            if real is not None:
+                phi_k = phi_k * real.to(phi_k.dtype)
+            part_kv = torch.matmul(phi_k.transpose(-1, -2), v[:, :, s : s + chunk])  # (B, H, M, Dh)
+            part_z = phi_k.sum(dim=2, keepdim=True)  # (B, H, 1, M)
+            if kv is None:
+                kv, z = part_kv, part_z
+            else:
+                decay = torch.exp(run_max - new_max)
+                kv, z = kv * decay + part_kv, z * decay + part_z
+            run_max = new_max
+        outs = []
+        for s in range(0, n, chunk):
+            phi_q = self._features(q[:, :, s : s + chunk], True, None)  # (B, H, c, M)
+            o = torch.matmul(phi_q, kv) / ((phi_q * z).sum(-1, keepdim=True) + KERNEL_EPS)  # (B, H, c, Dh)
+            outs.append(o.transpose(1, 2))
+        # Assembled as (B, N, H, Dh) so merge_heads needs no copy.
+        return torch.cat(outs, dim=1).transpose(1, 2)
 
     def attend(self, q, k, v, mask):
         redraw = self.params["redraw"]
@@ -86,6 +139,8 @@ class PerformerAttention(Attention):
                 self.redraw_features()
                 self.steps_since_redraw.zero_()
             self.steps_since_redraw += 1
+        if not self.causal and not _exporting():
+            return self._encoder_chunked(q, k, v, mask)
         phi_q = self._features(q, True, mask)
         phi_k = self._features(k, False, mask)
         if mask is not None:

@@ -102,9 +102,7 @@ class SinkhornAttention(Attention):
         mask = self.check_input(x, mask)
         b, n, _ = x.shape
         bs = self.params["block_size"]
-        q = self.split_heads(self.q_proj(x))  # (B, H, N, Dh)
-        k = self.split_heads(self.k_proj(x))
-        v = self.split_heads(self.v_proj(x))
+        q, k, v = self.project_qkv(x)  # (B, H, N, Dh) each
         real = real_tokens(mask, b, n, bs, x.device)  # (B, Np) float
         qb, kb, vb = to_blocks(q, bs), to_blocks(k, bs), to_blocks(v, bs)  # (B, nb, H, bs, Dh)
         nb = qb.shape[1]
