@@ -1,9 +1,11 @@
 """Forward latency and peak memory of every attention variant against `full`, in one run.
 
 Setting (issue 2/3): d_model 256, 4 heads, batch 1, 2 threads, inference mode, N in
-1024..8192. Each (variant, N) runs in a fresh subprocess so its peak memory (the rise of
-the resident set's high-water mark over the forward pass) is its own. Speed is reported as
-a ratio against `full` measured in the same run.
+1024..8192. Latency: for each N all variants are timed in one process in interleaved rounds
+(one forward of each variant per round, median over rounds), so drifting background load
+hits every variant alike; the ratio is against `full` from the same rounds. Peak memory: each
+(variant, N) runs once in a fresh subprocess, as the rise of the resident set's high-water
+mark over one forward pass.
 
     python bench/attention.py [--variants a,b] [--lengths 1024,8192] [--markdown] [--json out.json]
 """
@@ -31,15 +33,21 @@ def _rss_kb(field: str) -> int:
     return 0
 
 
-def child(name: str, n: int, budget_s: float) -> dict:
-    """Runs in the subprocess: build, measure peak memory of one forward, then time it."""
+def build(name: str, n: int):
     import torch
 
     import xsearch
 
-    torch.set_num_threads(THREADS)
     torch.manual_seed(0)
-    m = xsearch.build_attention(name, D_MODEL, HEADS, max_len=n, **BENCH_PARAMS.get(name, {})).eval()
+    return xsearch.build_attention(name, D_MODEL, HEADS, max_len=n, **BENCH_PARAMS.get(name, {})).eval()
+
+
+def peak_memory(name: str, n: int) -> dict:
+    """Runs in the subprocess: the resident-set rise over one forward pass, in MB."""
+    import torch
+
+    torch.set_num_threads(THREADS)
+    m = build(name, n)
     x = torch.randn(1, n, D_MODEL)
     with torch.inference_mode():
         m(x[:, : min(n, 64)])  # first-call allocations (kernels, caches) out of the way
@@ -50,26 +58,37 @@ def child(name: str, n: int, budget_s: float) -> dict:
             pass
         before = _rss_kb("VmRSS")
         m(x)
-        peak_mb = max(_rss_kb("VmHWM") - before, 0) / 1024
-        times = []
-        start = time.perf_counter()
-        while len(times) < 3 or (len(times) < 10 and time.perf_counter() - start < budget_s):
-            t0 = time.perf_counter()
-            m(x)
-            times.append((time.perf_counter() - t0) * 1000)
-    times.sort()
-    return {"variant": name, "n": n, "median_ms": times[len(times) // 2], "peak_mb": peak_mb, "runs": len(times)}
+        return {"peak_mb": max(_rss_kb("VmHWM") - before, 0) / 1024}
 
 
-def run_one(name: str, n: int, budget_s: float) -> dict:
+def run_memory(name: str, n: int) -> dict:
     code = (
         "import sys, json; sys.path.insert(0, 'bench'); import attention as b; "
-        f"print(json.dumps(b.child({name!r}, {n}, {budget_s})))"
+        f"print(json.dumps(b.peak_memory({name!r}, {n})))"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     if r.returncode != 0:
-        return {"variant": name, "n": n, "error": (r.stderr.strip().splitlines() or ["failed"])[-1]}
+        return {"error": (r.stderr.strip().splitlines() or ["failed"])[-1]}
     return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def time_interleaved(names: list[str], n: int, rounds: int) -> dict[str, float]:
+    """Median forward ms of each variant over ``rounds`` interleaved rounds."""
+    import torch
+
+    torch.set_num_threads(THREADS)
+    x = torch.randn(1, n, D_MODEL)
+    models = {name: build(name, n) for name in names}
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    with torch.inference_mode():
+        for m in models.values():
+            m(x)  # warm-up
+        for _ in range(rounds):
+            for name, m in models.items():
+                t0 = time.perf_counter()
+                m(x)
+                samples[name].append((time.perf_counter() - t0) * 1000)
+    return {name: sorted(v)[len(v) // 2] for name, v in samples.items()}
 
 
 def main() -> int:
@@ -78,7 +97,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--variants", help="comma-separated names (default: all; `full` is always included)")
     p.add_argument("--lengths", default="1024,2048,4096,8192")
-    p.add_argument("--budget", type=float, default=3.0, help="seconds of timed runs per cell (3-10 runs)")
+    p.add_argument("--rounds", type=int, default=7, help="interleaved timing rounds per length")
     p.add_argument("--markdown", action="store_true", help="print a Markdown table")
     p.add_argument("--json", help="also write the raw results here")
     args = p.parse_args()
@@ -86,10 +105,12 @@ def main() -> int:
     names = ["full"] + [n for n in names if n != "full"]
     lengths = [int(x) for x in args.lengths.split(",")]
     results = {}
-    for name in names:
-        for n in lengths:
-            results[name, n] = r = run_one(name, n, args.budget)
-            print(f"  {name:18s} N={n:5d} " + (f"{r['median_ms']:9.1f} ms {r['peak_mb']:8.1f} MB" if "error" not in r
+    for n in lengths:
+        times = time_interleaved(names, n, args.rounds)
+        for name in names:
+            mem = run_memory(name, n)
+            results[name, n] = r = {"variant": name, "n": n, "median_ms": times[name], **mem}
+            print(f"  {name:18s} N={n:5d} {r['median_ms']:9.1f} ms " + (f"{r['peak_mb']:8.1f} MB" if "error" not in r
                   else r["error"]), file=sys.stderr, flush=True)  # fmt: skip
     if args.json:
         with open(args.json, "w") as f:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -92,7 +93,7 @@ def to_onnx(
     try:
         # no_grad: the inference graph only (variants with gradient-stopped memories would
         # otherwise trace a second, detached projection).
-        with warnings.catch_warnings(), torch.no_grad():
+        with warnings.catch_warnings(), torch.no_grad(), _quiet_torch_logs():
             warnings.simplefilter("ignore")
             program = torch.onnx.export(
                 model,
@@ -119,6 +120,18 @@ def to_onnx(
         tmp.unlink(missing_ok=True)
         model.train(was_training)
     return ExportReport(str(path), diff, lengths, time.perf_counter() - start, path.stat().st_size)
+
+
+@contextlib.contextmanager
+def _quiet_torch_logs():
+    """The exporter logs chatter (e.g. about torchvision ops) at WARNING; keep errors only."""
+    logger = logging.getLogger("torch.onnx")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def _check_no_randomness(proto: onnx.ModelProto) -> None:

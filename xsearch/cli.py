@@ -318,6 +318,109 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_spaces(args: argparse.Namespace) -> int:
+    from xsearch.search_spaces import list_spaces, load_space
+
+    if args.show:
+        print(load_space(args.show).to_yaml(), end="")
+        return 0
+    for name in list_spaces():
+        space = load_space(name)
+        size = f"{len(space.attention):2d} variants  {space.size():.3g} configurations"
+        print(f"{name:10s} {size}  {space.description.strip()}")
+    return 0
+
+
+def cmd_search(args: argparse.Namespace) -> int:
+    from xsearch.search import SearchSettings, run_search
+    from xsearch.search_spaces import load_space
+
+    if args.train_steps is not None and args.train_seconds is not None:
+        raise UsageError("search: give --train-steps or --train-seconds, not both")
+    settings = SearchSettings(
+        task=args.task,
+        task_options=task_options(args),
+        space=args.space,
+        target=args.target,
+        trials=args.trials,
+        timeout=args.timeout,
+        storage=args.storage,
+        study=args.study,
+        seq_len=args.seq_len,
+        batch=args.batch,
+        threads=args.threads,
+        max_latency_ms=args.max_latency_ms,
+        max_params=args.max_params,
+        train_steps=args.train_steps,
+        train_seconds=None if args.train_steps is not None else (args.train_seconds or 30.0),
+        batch_size=args.batch_size,
+        lr=args.lr,
+        sampler=args.sampler,
+        seed=args.seed,
+    )
+    load_space(args.space)  # a bad space fails before the task is built
+    study = run_search(settings, progress=not args.quiet)
+    return _print_front(study)
+
+
+def _print_front(study) -> int:
+    from xsearch.search import describe_trial, pareto_front, reference_trial
+
+    ref = reference_trial(study)
+    front = pareto_front(study)
+    metric = study.user_attrs.get("metric", "metric")
+    states = {}
+    for t in study.get_trials(deepcopy=False):
+        states[t.state.name] = states.get(t.state.name, 0) + 1
+    print(f"study {study.study_name!r}: " + ", ".join(f"{v} {k}" for k, v in sorted(states.items())))
+    if not front:
+        print("no feasible completed trial yet")
+        return 0
+    print(f"Pareto front ({len(front)} trials), against the reference Transformer:")
+    print(f"  {'#':>4s}  {metric:>13s}  {'latency ms':>10s}  {'speedup':>8s}  {'delta':>8s}  architecture")
+    for t in front:
+        speed = f"{ref.values[1] / t.values[1]:.2f}x" if ref else "-"
+        delta = f"{t.values[0] - ref.values[0]:+.4f}" if ref else "-"
+        print(
+            f"  {t.number:4d}  {t.values[0]:13.4f}  {t.values[1]:10.2f}  {speed:>8s}  {delta:>8s}  {describe_trial(t)}"
+        )
+    if ref:
+        print(f"  reference #{ref.number}: {metric} {ref.values[0]:.4f}, {ref.values[1]:.2f} ms")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from xsearch.report import load, write_report
+
+    study = load(args.storage, args.study)
+    write_report(study, args.out)
+    _print_front(study)
+    print(f"wrote {args.out}/pareto.html, pareto.png, trials.csv, front.json")
+    return 0
+
+
+def cmd_pick(args: argparse.Namespace) -> int:
+    from xsearch.report import load, pick
+    from xsearch.search import describe_trial
+    from xsearch.serialization import atomic_write_text
+
+    study = load(args.storage, args.study)
+    t = pick(study, args.max_latency_ms)
+    doc = {
+        "model": t.user_attrs["model_config"],
+        "trial": t.number,
+        "study": study.study_name,
+        study.user_attrs.get("metric", "metric"): t.values[0],
+        "latency_ms": t.values[1],
+        "task": study.user_attrs.get("task"),
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out, json.dumps(doc, indent=2, default=str))
+    print(f"picked trial {t.number}: {describe_trial(t)} ({t.values[0]:.4f}, {t.values[1]:.2f} ms) -> {out}")
+    return 0
+
+
 # -- parser ------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="xsearch", description="Search, compress and ship efficient Transformers.")
@@ -399,6 +502,46 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-batch", type=int, default=64)
     s.add_argument("--max-body", type=int, default=1 << 20, help="request size limit in bytes")
     s.set_defaults(func=cmd_serve)
+
+    s = sub.add_parser("spaces", help="the shipped search spaces")
+    s.add_argument("--show", metavar="NAME", help="print one space as YAML (a starting point for your own)")
+    s.set_defaults(func=cmd_spaces)
+
+    s = sub.add_parser("search", help="hardware-aware architecture search (Optuna, two objectives)")
+    add_task_args(s, required=True)
+    s.add_argument("--space", default="default", help="a shipped space (xsearch spaces) or a .yaml path")
+    s.add_argument("--target", default="ort-cpu", choices=["ort-cpu", "torch-cpu", "torch-cuda", "ort-cuda"])
+    s.add_argument("--trials", type=int, default=20, help="trials to run in this invocation")
+    s.add_argument("--timeout", type=float, help="stop starting trials after this many seconds")
+    s.add_argument("--storage", default="sqlite:///runs/xsearch.db", help="any Optuna storage URL")
+    s.add_argument("--study", default="xsearch", help="study name (re-running resumes it)")
+    s.add_argument("--seq-len", type=int, help="length at which latency is measured (default: task max_len)")
+    s.add_argument("--batch", type=int, default=1, help="batch size at which latency is measured")
+    s.add_argument("--threads", type=int, default=2, help="threads for latency measurement")
+    s.add_argument("--max-latency-ms", type=float, help="latency budget (an Optuna constraint)")
+    s.add_argument("--max-params", type=int, help="parameter budget (an Optuna constraint)")
+    g = s.add_mutually_exclusive_group()
+    g.add_argument("--train-steps", type=int, help="training steps per trial")
+    g.add_argument("--train-seconds", type=float, help="training seconds per trial (default 30)")
+    s.add_argument("--batch-size", type=int, default=32)
+    s.add_argument("--lr", type=float, default=1e-3)
+    s.add_argument("--sampler", default="tpe", choices=["tpe", "nsga2", "random"])
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--quiet", action="store_true", help="no progress bar")
+    s.set_defaults(func=cmd_search)
+
+    s = sub.add_parser("report", help="Pareto plots, trials.csv and front.json of a study")
+    s.add_argument("--storage", default="sqlite:///runs/xsearch.db")
+    s.add_argument("--study", default="xsearch")
+    s.add_argument("--out", required=True)
+    s.set_defaults(func=cmd_report)
+
+    s = sub.add_parser("pick", help="the most accurate feasible trial under a latency budget, as config.json")
+    s.add_argument("--storage", default="sqlite:///runs/xsearch.db")
+    s.add_argument("--study", default="xsearch")
+    s.add_argument("--max-latency-ms", type=float)
+    s.add_argument("--out", required=True)
+    s.set_defaults(func=cmd_pick)
     return p
 
 

@@ -171,7 +171,8 @@ def train(
                 rec = _record(model, task, step, window, opt, eval_batches, batch_size)
                 result.history.append(rec)
                 result.valid_metric = rec["valid"]
-                log.info("step %d loss %.4f valid %.4f", step, rec["loss"], rec["valid"])
+                log.log(logging.INFO if show else logging.DEBUG, "step %d loss %.4f valid %.4f", step, rec["loss"],
+                        rec["valid"])  # fmt: skip
                 if callback:
                     callback(step, rec)
     if not result.history or result.history[-1]["step"] != step:
