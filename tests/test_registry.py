@@ -47,3 +47,13 @@ def test_import_xsearch_is_light():
 
     code = "import sys, xsearch, xsearch.tasks.encoding; assert 'torch' not in sys.modules, 'torch loaded'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_zoo_holds_the_survey_models():
+    names = xsearch.list_attentions()
+    assert len(names) == 19
+    assert len(xsearch.list_attentions(causal=True)) == 15
+    for name in ("linformer", "bigbird", "etc", "set"):
+        assert not xsearch.attention_spec(name).causal
+        with pytest.raises(ValueError, match="cannot be causal"):
+            xsearch.build_attention(name, 32, 4, causal=True, max_len=64)

@@ -111,3 +111,9 @@ def test_every_choice_of_every_shipped_space_builds_a_model(name):
             dims = {**base_dims, key: v}
             cfg = space._config("full", {}, dims, fields, xsearch.ModelConfig)
             assert xsearch.build_model(cfg)(ids[:, :16]).shape[0] == 1
+
+
+def test_show_round_trips_through_yaml(tmp_path):
+    space = load_space("default")
+    again = load_space(write(tmp_path, space.to_yaml()))
+    assert again.model == space.model and again.attention == space.attention and again.reference == space.reference
