@@ -22,6 +22,28 @@ def modes():
     return out
 
 
+def padded_batch(n: int = 37, batch_left_pad: bool = True):
+    """``x (3, n, D)`` and a mask: row 0 full, row 1 right-padded, row 2 padded on both sides."""
+    x = torch.randn(3, n, D_MODEL)
+    mask = torch.ones(3, n, dtype=torch.bool)
+    mask[1, n - 9 :] = False
+    mask[2, : n // 2] = False
+    if batch_left_pad:
+        mask[2, n - 3 :] = False
+    return x, mask
+
+
+def input_dependence(m, x):
+    """Bool (N, N): output i changes when input position j is perturbed (one batch entry per j)."""
+    n = x.shape[1]
+    xs = x.repeat(n + 1, 1, 1)  # the last entry is the unperturbed baseline
+    idx = torch.arange(n)
+    xs[idx, idx] += 3.0 * torch.randn(n, x.shape[2])
+    with torch.no_grad():
+        y = m(xs)
+    return ((y[:n] - y[n:]).abs().amax(-1) > 1e-5).T  # (query i, perturbed j)
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)

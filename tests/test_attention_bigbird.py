@@ -4,20 +4,9 @@ import pytest
 import torch
 
 import xsearch
-from tests.conftest import D_MODEL, MAX_LEN, small_attention
+from tests.conftest import D_MODEL, MAX_LEN, input_dependence, small_attention
 
 N = 37
-
-
-def _dependence(m, x):
-    """Bool (N, N): output i changes when input position j is perturbed (one batch entry per j)."""
-    n = x.shape[1]
-    xs = x.repeat(n + 1, 1, 1)  # the last entry is the unperturbed baseline
-    idx = torch.arange(n)
-    xs[idx, idx] += 3.0 * torch.randn(n, x.shape[2])
-    with torch.no_grad():
-        y = m(xs)
-    return ((y[:n] - y[n:]).abs().amax(-1) > 1e-5).T  # (query i, perturbed j)
 
 
 def _reference(m, x, mask):
@@ -59,7 +48,7 @@ def test_outputs_depend_exactly_on_the_pattern(n, params):
     m = small_attention("bigbird", **params).eval()
     pattern = m.attention_pattern(n)
     assert torch.equal(pattern, _expected_pattern(m, n))
-    assert torch.equal(_dependence(m, torch.randn(1, n, D_MODEL)), pattern)
+    assert torch.equal(input_dependence(m, torch.randn(1, n, D_MODEL)), pattern)
 
 
 def test_matches_dense_reference():

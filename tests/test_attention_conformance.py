@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import xsearch
-from tests.conftest import D_MODEL, MAX_LEN, modes, small_attention
+from tests.conftest import D_MODEL, MAX_LEN, modes, padded_batch, small_attention
 
 N = 37  # deliberately not a multiple of any block size
 
@@ -14,19 +14,10 @@ MODES = modes()
 NAMES = xsearch.list_attentions()
 
 
-def _padded_batch(n=N):
-    x = torch.randn(3, n, D_MODEL)
-    mask = torch.ones(3, n, dtype=torch.bool)
-    mask[1, n - 9 :] = False  # right padding
-    mask[2, : n // 2] = False  # left padding
-    mask[2, n - 3 :] = False
-    return x, mask
-
-
 @pytest.mark.parametrize("name,causal", MODES)
 def test_shape_and_finite(name, causal):
     m = small_attention(name, causal=causal).eval()
-    x, mask = _padded_batch()
+    x, mask = padded_batch()
     for msk in (None, mask):
         y = m(x, msk)
         assert y.shape == x.shape
@@ -43,7 +34,7 @@ def test_projection_names(name, causal):
 @pytest.mark.parametrize("name,causal", MODES)
 def test_gradients_reach_every_parameter(name, causal):
     m = small_attention(name, causal=causal).train()
-    x, mask = _padded_batch()
+    x, mask = padded_batch()
     x.requires_grad_(True)
     (m(x, mask) ** 2).sum().backward()
     assert x.grad is not None and x.grad.abs().sum() > 0
@@ -59,7 +50,7 @@ def test_gradients_reach_every_parameter(name, causal):
 def test_padding_invariance(name, causal):
     """Real positions never depend on what sits at padded positions."""
     m = small_attention(name, causal=causal).eval()
-    x, mask = _padded_batch()
+    x, mask = padded_batch()
     y = m(x, mask)
     x2 = torch.where(mask[..., None], x, 50.0 * torch.randn_like(x))
     y2 = m(x2, mask)
@@ -72,7 +63,7 @@ def test_padding_invariance(name, causal):
 def test_no_causal_leak(name, t):
     """Perturbing positions >= t leaves outputs < t unchanged."""
     m = small_attention(name, causal=True).eval()
-    x, _ = _padded_batch()
+    x, _ = padded_batch()
     y = m(x)
     x2 = x.clone()
     x2[:, t:] = 10.0 * torch.randn_like(x2[:, t:])
@@ -86,7 +77,7 @@ def test_no_causal_leak(name, t):
 def test_causal_prefix_consistency(name):
     """A decoder's outputs on a prefix equal its outputs on the whole sequence (no dependence on N)."""
     m = small_attention(name, causal=True).eval()
-    x, _ = _padded_batch()
+    x, _ = padded_batch()
     y = m(x)
     for t in (1, 8, 20, 33):
         torch.testing.assert_close(m(x[:, :t]), y[:, :t], atol=1e-5, rtol=1e-4)
@@ -96,7 +87,7 @@ def test_causal_prefix_consistency(name):
 def test_inference_mode_matches_autograd_mode(name, causal):
     """Inference-only code paths (fused projections, eager chunking) compute the same function."""
     m = small_attention(name, causal=causal).eval()
-    x, mask = _padded_batch()
+    x, mask = padded_batch()
     y = m(x, mask)
     with torch.inference_mode():
         torch.testing.assert_close(m(x, mask), y, atol=1e-5, rtol=1e-4)
@@ -108,7 +99,7 @@ def test_eval_determinism(name, causal):
     m1 = small_attention(name, causal=causal).eval()
     torch.manual_seed(1)
     m2 = small_attention(name, causal=causal).eval()
-    x, mask = _padded_batch()
+    x, mask = padded_batch()
     y = m1(x, mask)
     torch.testing.assert_close(y, m1(x, mask), atol=0, rtol=0)
     torch.testing.assert_close(y, m2(x, mask), atol=0, rtol=0)
@@ -118,7 +109,7 @@ def test_eval_determinism(name, causal):
 @pytest.mark.parametrize("n", [1, 2, 5, 17, MAX_LEN])
 def test_any_length(name, causal, n):
     m = small_attention(name, causal=causal).eval()
-    x, mask = _padded_batch(n)
+    x, mask = padded_batch(n)
     mask[:, 0] = True  # at least one real token per row
     y = m(x, mask)
     assert y.shape == (3, n, D_MODEL) and torch.isfinite(y).all()

@@ -3,20 +3,9 @@
 import pytest
 import torch
 
-from tests.conftest import D_MODEL, small_attention
+from tests.conftest import D_MODEL, input_dependence, small_attention
 
 N = 37
-
-
-def _dependence(m, x):
-    """Bool (N, N): output i changes when input position j is perturbed (one batch entry per j)."""
-    n = x.shape[1]
-    xs = x.repeat(n + 1, 1, 1)  # the last entry is the unperturbed baseline
-    idx = torch.arange(n)
-    xs[idx, idx] += 3.0 * torch.randn(n, x.shape[2])
-    with torch.no_grad():
-        y = m(xs)
-    return ((y[:n] - y[n:]).abs().amax(-1) > 1e-5).T  # (query i, perturbed j)
 
 
 def _dense(q, k, v, allowed):
@@ -70,7 +59,7 @@ def test_outputs_depend_exactly_on_the_pattern(causal, window, dilation, n_globa
     n = 64 if window == 40 else N
     m = small_attention("longformer", causal=causal, window=window, dilation=dilation, n_global=n_global).eval()
     pattern = m.attention_pattern(n) | torch.eye(n, dtype=torch.bool)
-    assert torch.equal(_dependence(m, torch.randn(1, n, D_MODEL)), pattern)
+    assert torch.equal(input_dependence(m, torch.randn(1, n, D_MODEL)), pattern)
     # the pattern itself is what the docstring promises
     i, j = torch.meshgrid(torch.arange(n), torch.arange(n), indexing="ij")
     rel = i - j

@@ -6,16 +6,7 @@ import torch
 import torch.nn.functional as F
 
 import xsearch
-from tests.conftest import D_MODEL, MAX_LEN, N_HEADS, small_attention
-
-
-def _batch(n=37):
-    x = torch.randn(3, n, D_MODEL)
-    mask = torch.ones(3, n, dtype=torch.bool)
-    mask[1, n - 9 :] = False
-    mask[2, : n // 2] = False
-    mask[2, n - 3 :] = False
-    return x, mask
+from tests.conftest import D_MODEL, MAX_LEN, N_HEADS, padded_batch, small_attention
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -25,7 +16,7 @@ def test_compression_one_equals_full(causal):
     m = small_attention("memory_compressed", causal=causal, compression=1)
     m.load_state_dict(full.state_dict(), strict=False)
     m.eval()
-    x, mask = _batch()
+    x, mask = padded_batch()
     for msk in (None, mask):
         torch.testing.assert_close(m(x, msk), full(x, msk), atol=1e-5, rtol=1e-4)
 
@@ -68,7 +59,7 @@ def test_matches_naive_reference(causal, c):
     with torch.no_grad():  # away from the mean-pooling initialisation
         m.k_conv.weight.normal_(0, 0.3)
         m.v_conv.weight.normal_(0, 0.3)
-    x, mask = _batch(23)
+    x, mask = padded_batch(23)
     for msk in (None, mask):
         torch.testing.assert_close(m(x, msk), _reference(m, x, msk), atol=2e-5, rtol=1e-4)
 
@@ -77,7 +68,7 @@ def test_causal_merge_is_stable_with_large_scores():
     m = small_attention("memory_compressed", causal=True).eval()
     with torch.no_grad():
         m.q_proj.weight.mul_(40.0)  # scores in the hundreds
-    x, mask = _batch(23)
+    x, mask = padded_batch(23)
     y = m(x, mask)
     assert torch.isfinite(y).all()
     torch.testing.assert_close(y, _reference(m, x, mask), atol=1e-4, rtol=1e-3)

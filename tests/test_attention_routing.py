@@ -5,24 +5,16 @@ import torch
 import torch.nn.functional as F
 
 import xsearch
-from tests.conftest import D_MODEL, MAX_LEN, N_HEADS, small_attention
+from tests.conftest import D_MODEL, MAX_LEN, N_HEADS, padded_batch, small_attention
 
 N = 37
-
-
-def _batch(n=N):
-    x = torch.randn(3, n, D_MODEL)
-    mask = torch.ones(3, n, dtype=torch.bool)
-    mask[1, n - 9 :] = False
-    mask[2, : n // 2] = False
-    return x, mask
 
 
 def test_one_cluster_is_full_attention():
     m = small_attention("routing", n_clusters=1).eval()
     full = xsearch.build_attention("full", D_MODEL, N_HEADS, max_len=MAX_LEN).eval()
     full.load_state_dict(m.state_dict(), strict=False)
-    x, mask = _batch()
+    x, mask = padded_batch(batch_left_pad=False)
     for msk in (None, mask):
         torch.testing.assert_close(m(x, msk), full(x, msk), atol=1e-5, rtol=1e-4)
 
@@ -30,7 +22,7 @@ def test_one_cluster_is_full_attention():
 def test_one_cluster_decoder_is_causal_shared_qk_attention():
     m = small_attention("routing", causal=True, n_clusters=1).eval()
     assert m.window >= MAX_LEN
-    x, _ = _batch()
+    x, _ = padded_batch(batch_left_pad=False)
     qk = m.split_heads(m.q_proj(x))
     v = m.split_heads(m.v_proj(x))
     scores = qk @ F.normalize(qk, dim=-1).transpose(-1, -2) * m.scale
@@ -45,7 +37,7 @@ def test_centroids_move_in_training_and_stay_in_eval(causal):
     m = small_attention("routing", causal=causal)
     assert "centroids" in dict(m.named_buffers())
     assert all("centroid" not in name for name, _ in m.named_parameters())
-    x, mask = _batch()
+    x, mask = padded_batch(batch_left_pad=False)
     c0 = m.centroids.clone()
     m.eval()
     m(x, mask)
@@ -65,7 +57,7 @@ def test_centroid_update_ignores_padding(causal):
     a = small_attention("routing", causal=causal).train()
     b = small_attention("routing", causal=causal).train()
     b.load_state_dict(a.state_dict())
-    x, mask = _batch()
+    x, mask = padded_batch(batch_left_pad=False)
     x2 = torch.where(mask[..., None], x, 30.0 * torch.randn_like(x))
     a(x, mask)
     b(x2, mask)
@@ -75,7 +67,7 @@ def test_centroid_update_ignores_padding(causal):
 def test_centroids_follow_the_data():
     """Repeated training steps on clustered data pull the centroids towards it."""
     m = small_attention("routing", n_clusters=2, decay=0.5).train()
-    x, _ = _batch()
+    x, _ = padded_batch(batch_left_pad=False)
     qn = F.normalize(m.split_heads(m.q_proj(x)), dim=-1).detach()
     kn = F.normalize(m.split_heads(m.k_proj(x)), dim=-1).detach()
     data = torch.cat([qn, kn], dim=2)  # (B, H, 2N, Dh)

@@ -4,21 +4,12 @@ import pytest
 import torch
 
 import xsearch
-from tests.conftest import D_MODEL, N_HEADS, small_attention
-
-
-def _batch(n=37):
-    x = torch.randn(3, n, D_MODEL)
-    mask = torch.ones(3, n, dtype=torch.bool)
-    mask[1, n - 9 :] = False
-    mask[2, : n // 2] = False
-    mask[2, n - 3 :] = False
-    return x, mask
+from tests.conftest import D_MODEL, N_HEADS, padded_batch, small_attention
 
 
 def test_permutation_equivariant():
     m = small_attention("set").eval()
-    x, mask = _batch()
+    x, mask = padded_batch()
     perm = torch.randperm(x.shape[1])
     for msk in (None, mask):
         y = m(x, msk)
@@ -29,7 +20,7 @@ def test_permutation_equivariant():
 def test_padding_is_removal():
     """Padded rows anywhere in the set act as if they were not there (no positions)."""
     m = small_attention("set").eval()
-    x, mask = _batch()
+    x, mask = padded_batch()
     y = m(x, mask)
     for i in range(3):
         alone = m(x[i : i + 1, mask[i]])  # the real rows only, no mask
@@ -45,7 +36,7 @@ def _mha(q, k, v, allowed=None):
 
 def test_matches_naive_isab():
     m = small_attention("set").eval()
-    x, mask = _batch()
+    x, mask = padded_batch()
     b = x.shape[0]
     sh = m.split_heads
     ind = m.inducing.expand(b, -1, -1)  # (B, m, D)
@@ -60,7 +51,7 @@ def test_matches_naive_isab():
 def test_more_inducing_points_change_the_summary_size_only():
     for n_inducing in (1, 3, 50):
         m = small_attention("set", n_inducing=n_inducing).eval()
-        x, mask = _batch()
+        x, mask = padded_batch()
         y = m(x, mask)
         assert y.shape == x.shape and torch.isfinite(y).all()
         assert m.inducing.shape == (n_inducing, D_MODEL)
@@ -68,7 +59,7 @@ def test_more_inducing_points_change_the_summary_size_only():
 
 def test_fully_padded_sequence_is_finite_and_zero():
     m = small_attention("set").eval()
-    x, mask = _batch()
+    x, mask = padded_batch()
     mask[0] = False
     y = m(x, mask)
     assert torch.isfinite(y).all() and (y[0] == 0).all()

@@ -4,18 +4,9 @@ import pytest
 import torch
 
 import xsearch
-from tests.conftest import D_MODEL, MAX_LEN, N_HEADS, small_attention
+from tests.conftest import D_MODEL, MAX_LEN, N_HEADS, padded_batch, small_attention
 
 N = 37
-
-
-def _batch(n=N):
-    x = torch.randn(3, n, D_MODEL)
-    mask = torch.ones(3, n, dtype=torch.bool)
-    mask[1, n - 9 :] = False
-    mask[2, : n // 2] = False
-    mask[2, n - 3 :] = False
-    return x, mask
 
 
 def _synthetic_logits(m, x):
@@ -54,7 +45,7 @@ def _reference(m, x, mask, causal):
 @pytest.mark.parametrize("causal", [False, True])
 def test_matches_naive_reference(mode, mix, causal):
     m = small_attention("synthesizer", causal=causal, mode=mode, mix=mix).eval()
-    x, mask = _batch()
+    x, mask = padded_batch()
     for msk in (None, mask):
         y = m(x, msk)
         ref = _reference(m, x, msk, causal)
@@ -68,7 +59,7 @@ def test_mix_one_equals_full(causal):
     m = small_attention("synthesizer", causal=causal, mix=1.0)
     m.load_state_dict(full.state_dict(), strict=False)
     m.eval()
-    x, mask = _batch()
+    x, mask = padded_batch()
     for msk in (None, mask):
         torch.testing.assert_close(m(x, msk), full(x, msk), atol=1e-5, rtol=1e-4)
 
@@ -77,7 +68,7 @@ def test_mix_one_equals_full(causal):
 def test_random_pure_synthetic_ignores_queries_and_keys(causal):
     """mix=0, random mode: the attention weights depend on no input, only values matter."""
     m = small_attention("synthesizer", causal=causal, mode="random", mix=0.0).eval()
-    x, mask = _batch()
+    x, mask = padded_batch()
     y = m(x, mask)
     # Other q/k projection weights: nothing changes.
     with torch.no_grad():
@@ -125,7 +116,7 @@ def test_pure_synthetic_reads_other_tokens_through_values_only(mode):
 @pytest.mark.parametrize("causal", [False, True])
 def test_every_mode_meets_the_masking_contract(mode, causal):
     m = small_attention("synthesizer", causal=causal, mode=mode).eval()
-    x, mask = _batch()
+    x, mask = padded_batch()
     y = m(x, mask)
     x2 = torch.where(mask[..., None], x, 50.0 * torch.randn_like(x))
     torch.testing.assert_close(m(x2, mask)[mask], y[mask], atol=1e-5, rtol=1e-4)
@@ -140,7 +131,7 @@ def test_every_mode_meets_the_masking_contract(mode, causal):
 @pytest.mark.parametrize("mode", ["dense", "random", "factorized"])
 def test_every_mode_trains_every_parameter(mode):
     m = small_attention("synthesizer", mode=mode).train()
-    x, mask = _batch()
+    x, mask = padded_batch()
     (m(x, mask) ** 2).sum().backward()
     for name, p in m.named_parameters():
         assert p.grad is not None and p.grad.abs().sum() > 0, name

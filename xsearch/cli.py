@@ -421,6 +421,115 @@ def cmd_pick(args: argparse.Namespace) -> int:
     return 0
 
 
+def _task_for_model(model_dir: str, args: argparse.Namespace):
+    """The task a saved model was trained on, rebuilt from task.json (flags override options)."""
+    from xsearch.serialization import load_task_info
+
+    info = load_task_info(model_dir) or {}
+    name = getattr(args, "task", None) or info.get("name")
+    if name is None:
+        raise UsageError(f"{model_dir} has no task.json; give --task")
+    options = (
+        {k: v for k, v in (info.get("options") or {}).items() if v is not None} if name == info.get("name") else {}
+    )
+    options.update(task_options(argparse.Namespace(**{**vars(args), "task": name})))
+    return build_task(name, options)
+
+
+def _measure_row(label: str, model, onnx_path: Path, task, target: str, threads: int) -> tuple:
+    from xsearch.export import Predictor
+    from xsearch.latency import measure
+    from xsearch.model import count_parameters
+
+    lat = measure(onnx_path, target, seq_len=task.max_len, threads=threads, repeats=20).median_ms
+    predictor = Predictor(onnx_path, threads=threads)
+    correct = total = 0
+    for ids, mask, labels in task.batches("test", 64):
+        pred = predictor.logits(ids.numpy(), mask.numpy()).argmax(-1)
+        correct += int((pred == labels.numpy()).sum())
+        total += len(labels)
+    return (label, count_parameters(model), onnx_path.stat().st_size, lat, correct / total)
+
+
+def cmd_compress(args: argparse.Namespace) -> int:
+    import tempfile
+
+    import torch
+
+    from xsearch.compress import distill, prune
+    from xsearch.export import quantize_onnx, to_onnx
+    from xsearch.serialization import load_model, save_model
+    from xsearch.training import train
+
+    model = load_model(args.model)
+    task = _task_for_model(args.model, args)
+    if task.kind != "classify":
+        raise UsageError("compress reports accuracy and needs a classification task")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as d:
+        before_onnx = Path(d) / "before.onnx"
+        to_onnx(model, before_onnx, task=task.describe())
+        before = _measure_row("before (fp32)", model, before_onnx, task, args.target, args.threads)
+    torch.manual_seed(args.seed)
+    if args.prune_heads or args.prune_ffn:
+        prune(model, heads=args.prune_heads, ffn=args.prune_ffn, importance=args.importance, task=task)
+    if args.finetune_steps:
+        if args.distill_from:
+            teacher = load_model(args.distill_from)
+            distill(model, teacher, task, steps=args.finetune_steps, temperature=args.temperature, alpha=args.alpha,
+                    batch_size=args.batch_size, lr=args.lr, seed=args.seed, progress=not args.quiet)  # fmt: skip
+        else:
+            train(model, task, steps=args.finetune_steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
+                  progress=not args.quiet)  # fmt: skip
+    elif args.distill_from:
+        raise UsageError("--distill-from needs --finetune-steps")
+    save_model(model, out, task=task.describe())
+    final = out / "model.onnx"
+    to_onnx(model, final, task=task.describe())
+    if args.int8:
+        quantize_onnx(final, out / "model.int8.onnx", "dynamic-int8")
+        final = out / "model.int8.onnx"
+    after = _measure_row("after" + (" (int8)" if args.int8 else ""), model, final, task, args.target, args.threads)
+    print(f"{'':16s} {'parameters':>11s} {'file MB':>8s} {'latency ms':>11s} {'accuracy':>9s}   ({args.target}, "
+          f"{task.max_len} tokens, {args.threads} threads)")  # fmt: skip
+    for label, params, size, lat, acc in (before, after):
+        print(f"{label:16s} {params:11,d} {size / 1e6:8.3f} {lat:11.2f} {acc:9.4f}")
+    print(f"{'ratio':16s} {before[1] / after[1]:10.2f}x {before[2] / after[2]:7.2f}x {before[3] / after[3]:10.2f}x "
+          f"{after[4] - before[4]:+9.4f}")  # fmt: skip
+    print(f"saved {out} (model.safetensors, model.onnx{', model.int8.onnx' if args.int8 else ''})")
+    return 0
+
+
+def cmd_adapt(args: argparse.Namespace) -> int:
+    import torch
+
+    from xsearch.compress import add_adapters, save_adapters
+    from xsearch.serialization import load_model
+    from xsearch.training import evaluate, train
+
+    model = load_model(args.model)
+    task = build_task(args.task, task_options(args))
+    if task.max_len > model.config.max_len:
+        raise UsageError(f"task max_len={task.max_len} exceeds the model's max_len={model.config.max_len}")
+    if task.encoding.vocab_size > model.config.vocab_size:
+        raise UsageError(f"task vocabulary ({task.encoding.vocab_size}) is larger than the model's "
+                         f"({model.config.vocab_size})")  # fmt: skip
+    torch.manual_seed(args.seed)
+    targets = tuple(t.strip() for t in args.targets.split(","))
+    add_adapters(model, kind=args.kind, size=args.size, targets=targets,
+                 n_classes=task.n_classes if task.kind == "classify" else None)  # fmt: skip
+    n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    train(
+        model, task, steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed, progress=not args.quiet
+    )
+    metric = evaluate(model, task, "test")
+    out = save_adapters(model, args.out, task=task.describe())
+    print(f"saved adapters to {out} ({n_train:,} trainable parameters); test "
+          f"{'bits_per_byte' if task.kind == 'lm' else 'accuracy'} {metric:.4f}")  # fmt: skip
+    return 0
+
+
 # -- parser ------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="xsearch", description="Search, compress and ship efficient Transformers.")
@@ -542,6 +651,40 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-latency-ms", type=float)
     s.add_argument("--out", required=True)
     s.set_defaults(func=cmd_pick)
+
+    s = sub.add_parser("compress", help="prune, fine-tune (optionally distil), quantize; before/after table")
+    s.add_argument("model", help="a saved model folder")
+    add_task_args(s, required=False)
+    s.add_argument("--prune-heads", type=float, default=0.0, help="fraction of heads to remove")
+    s.add_argument("--prune-ffn", type=float, default=0.0, help="fraction of FFN channels to remove")
+    s.add_argument("--importance", default="magnitude", choices=["magnitude", "taylor"])
+    s.add_argument("--distill-from", help="a saved teacher model folder")
+    s.add_argument("--temperature", type=float, default=2.0)
+    s.add_argument("--alpha", type=float, default=0.5)
+    s.add_argument("--finetune-steps", type=int, default=0)
+    s.add_argument("--batch-size", type=int, default=32)
+    s.add_argument("--lr", type=float, default=1e-3)
+    s.add_argument("--int8", action="store_true", help="dynamic int8 ONNX of the result")
+    s.add_argument("--target", default="ort-cpu", choices=["ort-cpu", "ort-cuda"])
+    s.add_argument("--threads", type=int, default=2)
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--quiet", action="store_true")
+    s.add_argument("--out", required=True)
+    s.set_defaults(func=cmd_compress)
+
+    s = sub.add_parser("adapt", help="fit task adapters (bottleneck or LoRA) to a saved model")
+    s.add_argument("model", help="a saved base model folder")
+    add_task_args(s, required=True)
+    s.add_argument("--kind", default="lora", choices=["lora", "bottleneck"])
+    s.add_argument("--size", type=int, default=8, help="LoRA rank or bottleneck width")
+    s.add_argument("--targets", default="q_proj,v_proj", help="LoRA target projections")
+    s.add_argument("--steps", type=int, default=300)
+    s.add_argument("--batch-size", type=int, default=32)
+    s.add_argument("--lr", type=float, default=1e-3)
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--quiet", action="store_true")
+    s.add_argument("--out", required=True)
+    s.set_defaults(func=cmd_adapt)
     return p
 
 

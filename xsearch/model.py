@@ -26,6 +26,17 @@ class FeedForward(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.dropout(self.fc2(F.gelu(self.fc1(x))))
 
+    def prune_channels(self, keep) -> None:
+        """Keep only the hidden channels ``keep`` (in place)."""
+        from xsearch.attention._base import slice_linear
+
+        keep = torch.as_tensor(sorted(set(int(i) for i in keep)), dtype=torch.long)
+        if len(keep) == 0 or keep[0] < 0 or keep[-1] >= self.fc1.out_features:
+            last = self.fc1.out_features - 1
+            raise ValueError(f"prune_channels: channels to keep must be a non-empty subset of 0..{last}")
+        self.fc1 = slice_linear(self.fc1, out_idx=keep)
+        self.fc2 = slice_linear(self.fc2, in_idx=keep)
+
 
 class Block(nn.Module):
     """Pre-LN Transformer block; ``attn`` and ``ffn`` may be modules shared with other blocks."""
@@ -116,7 +127,10 @@ class XSearchModel(nn.Module):
         return self.ln_f(x)
 
     def forward(self, input_ids: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        h = self.hidden_states(input_ids, mask)
+        return self.head_logits(self.hidden_states(input_ids, mask), mask)
+
+    def head_logits(self, h: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits from final hidden states (mean-pooled over real tokens for ``classify``)."""
         if self.config.head == "lm":
             return self.head(h)
         if mask is None:

@@ -102,6 +102,9 @@ class Attention(nn.Module):
     """
 
     spec: ClassVar[AttentionSpec]
+    # False where forward reads q/k/v_proj weights directly instead of calling the modules
+    # (then tools that swap modules, such as torch dynamic quantization, must leave them).
+    projections_called_as_modules: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -154,6 +157,35 @@ class Attention(nn.Module):
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """Attention on head-split tensors ``(B, H, N, Dh)``; returns ``(B, H, N, Dh)``."""
         raise NotImplementedError  # abstractmethod: every variant defines attend or forward
+
+    def prune_head_params(self, keep: torch.Tensor, rows: torch.Tensor) -> None:
+        """Slice the variant's own head-tied parameters (beyond q/k/v/out) to heads ``keep``.
+
+        Args:
+            keep: sorted indices of the heads that stay.
+            rows: the matching indices into the ``n_heads * head_dim`` projection width.
+        """
+
+    def prune_heads(self, keep) -> None:
+        """Keep only the heads ``keep`` (in place): slices ``q_proj``/``k_proj``/``v_proj`` rows,
+        ``out_proj`` columns and, through ``prune_head_params``, every head-tied parameter of the
+        variant, then sets ``n_heads``. Tied ``k_proj``/``q_proj`` (shared QK) stay tied."""
+        keep = torch.as_tensor(sorted(set(int(i) for i in keep)), dtype=torch.long)
+        if len(keep) == 0 or keep[0] < 0 or keep[-1] >= self.n_heads:
+            raise ValueError(f"prune_heads: heads to keep must be a non-empty subset of 0..{self.n_heads - 1}")
+        rows = (keep[:, None] * self.head_dim + torch.arange(self.head_dim)).reshape(-1)
+        tied = self.k_proj.weight is self.q_proj.weight
+        self.q_proj = slice_linear(self.q_proj, out_idx=rows)
+        if tied:  # a separate module holding the very same parameters, as constructed
+            k = nn.Linear(self.d_model, len(rows))
+            k.weight, k.bias = self.q_proj.weight, self.q_proj.bias
+            self.k_proj = k
+        else:
+            self.k_proj = slice_linear(self.k_proj, out_idx=rows)
+        self.v_proj = slice_linear(self.v_proj, out_idx=rows)
+        self.out_proj = slice_linear(self.out_proj, in_idx=rows)
+        self.prune_head_params(keep, rows)
+        self.n_heads = len(keep)
 
     # -- shared machinery --------------------------------------------------------------
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -263,3 +295,25 @@ def sdpa(
     return torch.nn.functional.scaled_dot_product_attention(
         q, k, v, attn_mask=allowed, dropout_p=dropout_p, is_causal=causal and allowed is None, scale=scale
     )
+
+
+def slice_linear(linear: nn.Linear, *, out_idx: torch.Tensor | None = None, in_idx: torch.Tensor | None = None):
+    """A new ``nn.Linear`` holding the selected output rows and/or input columns of ``linear``."""
+    w = linear.weight.detach()
+    b = None if linear.bias is None else linear.bias.detach()
+    if out_idx is not None:
+        w = w[out_idx]
+        b = None if b is None else b[out_idx]
+    if in_idx is not None:
+        w = w[:, in_idx]
+    out = nn.Linear(w.shape[1], w.shape[0], bias=b is not None, device=w.device, dtype=w.dtype)
+    with torch.no_grad():
+        out.weight.copy_(w)
+        if b is not None:
+            out.bias.copy_(b)
+    return out
+
+
+def slice_param(p: torch.Tensor, idx: torch.Tensor, dim: int = 0) -> nn.Parameter:
+    """A new ``nn.Parameter`` with the entries ``idx`` of ``p`` along ``dim``."""
+    return nn.Parameter(p.detach().index_select(dim, idx.to(p.device)).clone(), requires_grad=p.requires_grad)

@@ -33,6 +33,8 @@ class LinformerAttention(Attention):
     result as the same sequence unpadded. ``share_kv=True`` uses one matrix for both.
     """
 
+    projections_called_as_modules = False  # k/v weights are folded with the compression
+
     def check_params(self, k, share_kv):
         positive_int("linformer", "k", k)
         if self.max_len is None:

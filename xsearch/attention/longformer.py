@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from xsearch.attention._base import Attention, AttentionSpec, pad_to_multiple, positive_int, sdpa
+from xsearch.attention._base import Attention, AttentionSpec, pad_to_multiple, positive_int, sdpa, slice_linear
 from xsearch.attention._blocks import band_attention
 from xsearch.attention._registry import register
 
@@ -149,3 +149,9 @@ class LongformerAttention(Attention):
         band = ((rel >= 0) & (rel <= w * dil)) if self.causal else (rel.abs() <= (w // 2) * dil)
         band &= rel.remainder(dil) == 0
         return band | (i < g) | (j < g)
+
+    def prune_head_params(self, keep, rows):
+        if getattr(self, "q_global", None) is not None:
+            self.q_global = slice_linear(self.q_global, out_idx=rows)
+            self.k_global = slice_linear(self.k_global, out_idx=rows)
+            self.v_global = slice_linear(self.v_global, out_idx=rows)

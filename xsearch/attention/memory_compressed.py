@@ -60,6 +60,8 @@ class MemoryCompressedAttention(Attention):
           ``full`` attention with the same projection weights.
     """
 
+    projections_called_as_modules = False  # k/v weights are folded with the compression
+
     def check_params(self, compression):
         positive_int("memory_compressed", "compression", compression)
 
@@ -161,3 +163,11 @@ class MemoryCompressedAttention(Attention):
         o_grp, a = o[..., :d], o[..., d : d + 1]
         # (Σ_grp e^{s-m} v + Σ_loc e^{s-m} v) / (Σ_grp e^{s-m} + Σ_loc e^{s-m}), both sides times a.
         return (o_grp + a * n_loc) / (1.0 - a + a * z_loc)
+
+    def prune_head_params(self, keep, rows):
+        for name in ("k_conv", "v_conv"):
+            old = getattr(self, name)
+            new = nn.Conv1d(len(rows), len(rows), old.kernel_size[0], stride=old.stride[0], bias=False)
+            with torch.no_grad():
+                new.weight.copy_(old.weight.detach()[rows][:, rows])
+            setattr(self, name, new)

@@ -250,6 +250,10 @@ class ReformerAttention(Attention):
         with torch.no_grad():
             buckets = self.hash(qk)
             buckets = torch.where(real[:, None, None, :], buckets, self.n_buckets)  # padding: an extra last bucket
+        # The attention core runs in float32: its large negative mask scores and the log-sum-exp
+        # merge of the rounds overflow or lose the bucket structure in float16.
+        dtype = qk.dtype
+        qk, v = qk.float(), v.float()
         keys = F.normalize(qk, dim=-1)
         out = sorted_chunk_attention(
             qk,
@@ -262,5 +266,8 @@ class ReformerAttention(Attention):
             causal=self.causal,
             scale=self.scale,
             dropout_p=self.dropout_p if self.training else 0.0,
-        )
+        ).to(dtype)
         return self.finish(out[:, :, :n], mask)
+
+    def prune_head_params(self, keep, rows):
+        self.rotations = self.rotations[keep].clone()

@@ -147,3 +147,6 @@ class RoutingAttention(Attention):
         )
         out = total / hits.clamp(min=1.0).unsqueeze(-1)  # mean over the clusters that chose the query
         return self.finish(out[:, :, :n], mask)
+
+    def prune_head_params(self, keep, rows):
+        self.centroids = self.centroids[keep].clone()

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from xsearch.attention._base import Attention, AttentionSpec, positive_int, sdpa
+from xsearch.attention._base import Attention, AttentionSpec, positive_int, sdpa, slice_linear
 from xsearch.attention._registry import register
 
 
@@ -88,3 +88,9 @@ class SetAttention(Attention):
         hv = self.split_heads(self.h_v_proj(hid))
         out = sdpa(q, hk, hv, dropout_p=p)  # (B, H, N, Dh)
         return self.finish(out, mask)
+
+    def prune_head_params(self, keep, rows):
+        self.ind_q_proj = slice_linear(self.ind_q_proj, out_idx=rows)
+        self.ind_out_proj = slice_linear(self.ind_out_proj, in_idx=rows)
+        self.h_k_proj = slice_linear(self.h_k_proj, out_idx=rows)
+        self.h_v_proj = slice_linear(self.h_v_proj, out_idx=rows)

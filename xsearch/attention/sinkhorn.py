@@ -136,3 +136,9 @@ class SinkhornAttention(Attention):
         vw = torch.cat([vb, vs], dim=-2)
         out = blocked_sdpa(qb, kw, vw, attn_mask, self.dropout_p if self.training else 0.0)
         return self.finish(from_blocks(out, n), mask)
+
+    def prune_head_params(self, keep, rows):
+        w = self.sort_net.weight.detach().view(self.n_heads, self.max_blocks, -1)[keep]
+        self.sort_net = nn.Linear(w.shape[-1], len(keep) * self.max_blocks, bias=False)
+        with torch.no_grad():
+            self.sort_net.weight.copy_(w.reshape(-1, w.shape[-1]))

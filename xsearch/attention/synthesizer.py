@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from xsearch.attention._base import Attention, AttentionSpec, positive_int, sdpa
+from xsearch.attention._base import Attention, AttentionSpec, positive_int, sdpa, slice_linear, slice_param
 from xsearch.attention._registry import register
 
 MODES = ("dense", "random", "factorized")
@@ -141,3 +141,10 @@ class SynthesizerAttention(Attention):
             t = (qa.transpose(0, 1), ka.transpose(0, 1), va.transpose(0, 1))  # (H, B, N, W)
             out = sdpa(*t, logit_mask[:, None], dropout_p=p, scale=1.0).transpose(0, 1)
         return self.finish(out[..., :dh], mask)
+
+    def prune_head_params(self, keep, rows):
+        if getattr(self, "dense_in", None) is not None:
+            self.dense_in = slice_linear(self.dense_in, out_idx=rows)
+        for name in ("dense_out", "dense_bias", "random", "factor_q", "factor_k"):
+            if isinstance(getattr(self, name, None), nn.Parameter):
+                setattr(self, name, slice_param(getattr(self, name), keep))

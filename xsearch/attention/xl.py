@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from xsearch.attention._base import Attention, AttentionSpec, pad_to_multiple, positive_int
+from xsearch.attention._base import Attention, AttentionSpec, pad_to_multiple, positive_int, slice_linear, slice_param
 from xsearch.attention._blocks import real_tokens
 from xsearch.attention._registry import register
 
@@ -184,3 +184,8 @@ class XLAttention(Attention):
         )  # (B*S, H, L, Dh)
         out = out.transpose(1, 2).reshape(b, s * seg, h, dh)[:, :n].transpose(1, 2)  # (B, H, N, Dh)
         return self.finish(out, mask)
+
+    def prune_head_params(self, keep, rows):
+        self.r_proj = slice_linear(self.r_proj, out_idx=rows)
+        self.u_bias = slice_param(self.u_bias, keep)
+        self.v_bias = slice_param(self.v_bias, keep)
