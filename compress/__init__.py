@@ -6,7 +6,7 @@ Each step is one function taking and returning a model; the steps compose
 
 from __future__ import annotations
 
-import importlib
+from xsearch._lazy import lazy_names
 
 _LAZY = {
     "prune": "xsearch.compress.prune",
@@ -19,15 +19,4 @@ _LAZY = {
     "quantize": "xsearch.compress.quantize",
 }
 __all__ = sorted(_LAZY)
-
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'xsearch.compress' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__ = lazy_names("xsearch.compress", _LAZY)

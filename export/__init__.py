@@ -6,7 +6,7 @@ only, never torch, so a deployment host needs nothing else.
 
 from __future__ import annotations
 
-import importlib
+from xsearch._lazy import lazy_names
 
 _LAZY = {
     "to_onnx": "xsearch.export.onnx_export",
@@ -19,15 +19,4 @@ _LAZY = {
     "read_metadata": "xsearch.export.predictor",
 }
 __all__ = sorted(_LAZY)
-
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'xsearch.export' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__ = lazy_names("xsearch.export", _LAZY)

@@ -153,6 +153,7 @@ def check_parity(
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
+    opts.log_severity_level = 3  # errors only: onnxruntime warns about benign buffer re-use
     opts.intra_op_num_threads = threads or torch.get_num_threads()
     opts.inter_op_num_threads = 1
     session = ort.InferenceSession(onnx_path, opts, providers=["CPUExecutionProvider"])

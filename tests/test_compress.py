@@ -180,3 +180,39 @@ def test_quantize_modes_keep_predictions(name, task):
     assert next(model.parameters()).dtype == torch.float32  # the input model is unchanged
     with pytest.raises(ValueError, match="int4"):
         quantize(model, "int4")
+
+
+def test_cli_compress_and_adapt(task, tmp_path, capsys):
+    import json
+
+    from xsearch.cli import main
+
+    opts = ["--task", "listops", "--task-opt", "n_train=64", "--task-opt", "n_valid=16", "--task-opt", "n_test=32",
+            "--task-opt", "min_len=8", "--task-opt", "max_depth=4", "--max-len", "64"]  # fmt: skip
+    assert main(["train", *opts, "--attention", "local", "--set", "block_size=16", "--d-model", "64", "--layers",
+                 "2", "--heads", "4", "--steps", "20", "--quiet", "--out", str(tmp_path / "m")]) == 0  # fmt: skip
+    assert main(["train", *opts, "--attention", "full", "--d-model", "64", "--layers", "2", "--heads", "4",
+                 "--steps", "20", "--quiet", "--out", str(tmp_path / "teacher")]) == 0  # fmt: skip
+    capsys.readouterr()
+    rc = main(["compress", str(tmp_path / "m"), "--prune-heads", "0.5", "--prune-ffn", "0.5", "--distill-from",
+               str(tmp_path / "teacher"), "--finetune-steps", "5", "--int8", "--quiet", "--threads", "1",
+               "--out", str(tmp_path / "small")])  # fmt: skip
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "before (fp32)" in printed and "after (int8)" in printed and "ratio" in printed
+    small = xsearch.load_model(tmp_path / "small")
+    assert small.config.n_heads == 2 and small.config.ffn_dims == [128, 128]
+    assert (tmp_path / "small" / "model.int8.onnx").is_file()
+    assert main(["compress", str(tmp_path / "m"), "--distill-from", str(tmp_path / "teacher"), "--out",
+                 str(tmp_path / "x")]) == 2  # fmt: skip
+    # adapters for a text task with its own labels, on the same base
+    data = tmp_path / "d.jsonl"
+    rows = [{"text": f"[MAX {i % 10} 1 ]", "label": "hi" if i % 10 > 4 else "lo"} for i in range(60)]
+    data.write_text("\n".join(json.dumps(r) for r in rows))
+    bytes_model = tmp_path / "bytes"
+    assert main(["train", "--task", "text", "--data", str(data), "--max-len", "64", "--d-model", "32", "--layers",
+                 "1", "--heads", "2", "--steps", "3", "--quiet", "--out", str(bytes_model)]) == 0  # fmt: skip
+    assert main(["adapt", str(bytes_model), "--task", "text", "--data", str(data), "--max-len", "64", "--kind",
+                 "lora", "--size", "4", "--steps", "5", "--quiet", "--out", str(tmp_path / "ad")]) == 0  # fmt: skip
+    doc = json.loads((tmp_path / "ad" / "adapters.json").read_text())
+    assert doc["adapter"]["kind"] == "lora" and doc["adapter"]["n_classes"] == 2

@@ -194,18 +194,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     model = load_model(args.model)
     info = load_task_info(args.model) or {}
-    name = args.task or info.get("name")
-    if name is None:
-        raise UsageError(f"{args.model} has no task.json; give --task")
-    options = dict(info.get("options", {})) if name == info.get("name") else {}
-    options = {k: v for k, v in options.items() if v is not None}
-    options.update(task_options(argparse.Namespace(**{**vars(args), "task": name})))
-    task = build_task(name, options)
+    task = _task_for_model(args.model, args)
+    name = task.name
     if info.get("encoding") and Encoding.from_dict(info["encoding"]) != task.encoding:
         raise UsageError(f"task {name!r} encodes input differently from the task {args.model} was trained on")
     if task.max_len > model.config.max_len:
         raise UsageError(f"task max_len={task.max_len} exceeds the model's max_len={model.config.max_len}")
-    torch.set_num_threads(args.threads) if args.threads else None
+    if args.threads:
+        torch.set_num_threads(args.threads)
     start = time.perf_counter()
     metric = evaluate(model, task, args.split, batch_size=args.batch_size)
     seconds = time.perf_counter() - start
