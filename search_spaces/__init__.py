@@ -28,6 +28,8 @@ log = logging.getLogger("xsearch.search")
 MODEL_KEYS = {"d_model", "n_layers", "n_heads", "ffn_ratio", "weight_sharing", "pos_encoding", "dropout"}
 TOP_KEYS = {"name", "description", "reference", "model", "attention"}
 # Parameters measured in tokens: choices longer than the task's max_len are dropped on load.
+# What the vanilla Transformer uses where a space's reference does not say.
+REFERENCE_DEFAULTS = {"weight_sharing": "none", "ffn_ratio": 4, "pos_encoding": "sinusoidal", "dropout": 0.0}
 LENGTH_PARAMS = {"block_size", "window", "segment_len", "bucket_size", "width", "stride", "radius", "mem_len"}
 
 
@@ -300,6 +302,13 @@ def load_space(name_or_path: str | Path, *, causal: bool | None = None, max_len:
     missing = [k for k in ("d_model", "n_layers", "n_heads") if k not in reference]
     if missing:
         raise SpaceError(f"{source}: reference needs {', '.join(missing)}")
+    for key, dim in model.items():  # dimensions the reference leaves open: the vanilla value
+        if key not in reference:
+            default = REFERENCE_DEFAULTS.get(key)
+            inside = default is not None and (
+                default in dim.choices if dim.choices is not None else dim.low <= default <= dim.high
+            )
+            reference[key] = default if inside else dim.values()[0]
     for name, why in excluded.items():
         log.info("search space %s: %s excluded: %s", doc.get("name", source), name, why)
     return SearchSpace(

@@ -31,6 +31,7 @@ def test_search_end_to_end_resume_and_report(tmp_path, capsys):
     assert len(trials) == 3 and all(t.state.name == "COMPLETE" for t in trials)
     first = trials[0]
     assert first.user_attrs["reference"] is True and first.params["attention"] == "full"
+    assert first.user_attrs["model_config"]["weight_sharing"] == "none"
     for t in trials:
         for key in ("model_config", "params", "latency", "device", "train_seconds", "n_parameters"):
             assert key in t.user_attrs, key

@@ -41,7 +41,7 @@ def test_a_user_space_loads_and_suggests(tmp_path):
             assert p in ("attention", "d_model", "n_layers", "n_heads") or p.startswith(f"attention.{cfg.attention}.")
         study.tell(trial, [0.0, 1.0])
     ref = space.reference_config(fields)
-    assert ref.attention == "full" and ref.d_model == 32
+    assert ref.attention == "full" and ref.d_model == 32 and ref.n_layers == 1
 
 
 @pytest.mark.parametrize(

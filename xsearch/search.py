@@ -277,7 +277,7 @@ class _Reporter:
         else:
             line = f"trial {trial.number:3d}: {trial.state.name} {trial.user_attrs.get('error', '')[:160]}"
         if self.progress is not None:
-            self.progress.console.print(line, soft_wrap=True)
+            self.progress.console.print(line, soft_wrap=True, markup=False, highlight=False)
             self.progress.update(self.task_id, completed=self.done)
         else:
             log.info(line)
