@@ -277,14 +277,10 @@ def _read_inputs(source: str) -> list:
         lines = path.read_text(encoding="utf-8").splitlines()
     else:
         lines = stream.read().splitlines()
+    from xsearch.jsonl import parse_jsonl
+
     items = []
-    for i, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise UsageError(f"{source}:{i}: malformed JSON ({e.msg})") from None
+    for i, obj in parse_jsonl(lines, source):
         if isinstance(obj, dict):
             obj = obj.get("text", obj.get("input_ids"))
         if not isinstance(obj, (str, list)):

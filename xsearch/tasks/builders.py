@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import random
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from xsearch.jsonl import parse_jsonl
 from xsearch.tasks import listops
 from xsearch.tasks.base import Task
 from xsearch.tasks.encoding import BYTES
@@ -107,13 +107,7 @@ def read_jsonl(path: str | Path) -> list[tuple[str, str]]:
         raise FileNotFoundError(f"no such data file: {p}")
     out = []
     with p.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{p}:{lineno}: malformed JSON ({e.msg})") from None
+        for lineno, obj in parse_jsonl(f, str(p)):
             if not isinstance(obj, dict) or "text" not in obj or "label" not in obj:
                 raise ValueError(f'{p}:{lineno}: each line needs {{"text": ..., "label": ...}}')
             if not isinstance(obj["text"], str) or not obj["text"]:
