@@ -33,6 +33,21 @@ def padded_batch(n: int = 37, batch_left_pad: bool = True):
     return x, mask
 
 
+def padded_both_ends(n: int, b: int = 2):
+    """``x (b, n, D)`` and a mask whose row 1 is padded 4 tokens at the start and 5 at the end."""
+    x = torch.randn(b, n, D_MODEL)
+    mask = torch.ones(b, n, dtype=torch.bool)
+    mask[1, :4] = False
+    mask[1, n - 5 :] = False
+    return x, mask
+
+
+def dense_attention(q, k, v, allowed):
+    """Reference softmax attention with a dense bool mask (True = may attend)."""
+    scores = (q @ k.transpose(-1, -2)) / q.shape[-1] ** 0.5
+    return scores.masked_fill(~allowed, float("-inf")).softmax(-1) @ v
+
+
 def input_dependence(m, x):
     """Bool (N, N): output i changes when input position j is perturbed (one batch entry per j)."""
     n = x.shape[1]

@@ -6,17 +6,9 @@ import math
 import pytest
 import torch
 
-from tests.conftest import D_MODEL, N_HEADS, small_attention
+from tests.conftest import D_MODEL, N_HEADS, padded_both_ends, small_attention
 
 H, DH = N_HEADS, D_MODEL // N_HEADS
-
-
-def _padded(n, b=2):
-    x = torch.randn(b, n, D_MODEL)
-    mask = torch.ones(b, n, dtype=torch.bool)
-    mask[1, :4] = False
-    mask[1, n - 5 :] = False
-    return x, mask
 
 
 def _full_like(m, causal):
@@ -31,7 +23,7 @@ def test_single_row_equals_full(causal, n):
     """width >= N: one row; row attention is full attention and the column step (one key: the
     position itself) is the identity."""
     m = small_attention("axial", causal=causal, width=40).eval()
-    x, mask = _padded(n)
+    x, mask = padded_both_ends(n)
     mask[:, 0] = True
     torch.testing.assert_close(m(x, mask), _full_like(m, causal)(x, mask), atol=1e-5, rtol=1e-4)
 
@@ -40,7 +32,7 @@ def test_single_row_equals_full(causal, n):
 def test_single_column_equals_full(causal):
     """width 1: row attention is the identity (o = v) and the column step is full attention."""
     m = small_attention("axial", causal=causal, width=1).eval()
-    x, mask = _padded(37)
+    x, mask = padded_both_ends(37)
     torch.testing.assert_close(m(x, mask), _full_like(m, causal)(x, mask), atol=1e-5, rtol=1e-4)
 
 
@@ -81,7 +73,7 @@ def two_hop_reference(m, x, mask, width, causal):
 @pytest.mark.parametrize("width", [3, 8, 11])
 def test_matches_two_hop_reference(causal, width):
     m = small_attention("axial", causal=causal, width=width).eval()
-    x, mask = _padded(37)
+    x, mask = padded_both_ends(37)
     with torch.no_grad():
         y = m(x, mask)
         ref = two_hop_reference(m, x, mask, width, causal)

@@ -3,14 +3,9 @@
 import pytest
 import torch
 
-from tests.conftest import D_MODEL, small_attention
+from tests.conftest import D_MODEL, dense_attention, small_attention
 
 N = 37
-
-
-def _dense(q, k, v, allowed):
-    scores = (q @ k.transpose(-1, -2)) / q.shape[-1] ** 0.5
-    return scores.masked_fill(~allowed, float("-inf")).softmax(-1) @ v
 
 
 def _reference(m, x, mask):
@@ -22,13 +17,13 @@ def _reference(m, x, mask):
     both = torch.cat([mem, x], dim=1)  # (B, G+N, D)
     q, k, v = (m.split_heads(p(both)) for p in (m.q_proj, m.k_proj, m.v_proj))
     keys_ok = torch.cat([torch.ones(b, g, dtype=torch.bool), mask], dim=1)[:, None, None, :]
-    og = _dense(q[:, :, :g], k, v, keys_ok)  # g2g + g2l
+    og = dense_attention(q[:, :, :g], k, v, keys_ok)  # g2g + g2l
     upd = mem + m.out_proj(m.merge_heads(og))
     gk, gv = m.split_heads(m.k_proj(upd)), m.split_heads(m.v_proj(upd))
     pos = torch.arange(n)
     l2l = ((pos[:, None] - pos[None, :]).abs() <= r) & mask[:, None, None, :] | torch.eye(n, dtype=torch.bool)
     allowed = torch.cat([torch.ones(b, 1, n, g, dtype=torch.bool), l2l], dim=-1)  # l2g + l2l
-    out = _dense(q[:, :, g:], torch.cat([gk, k[:, :, g:]], 2), torch.cat([gv, v[:, :, g:]], 2), allowed)
+    out = dense_attention(q[:, :, g:], torch.cat([gk, k[:, :, g:]], 2), torch.cat([gv, v[:, :, g:]], 2), allowed)
     return m.out_proj(m.merge_heads(out)) * mask[..., None]
 
 

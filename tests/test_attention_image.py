@@ -6,15 +6,7 @@ import math
 import pytest
 import torch
 
-from tests.conftest import D_MODEL, N_HEADS, small_attention
-
-
-def _padded(n, b=2):
-    x = torch.randn(b, n, D_MODEL)
-    mask = torch.ones(b, n, dtype=torch.bool)
-    mask[1, :4] = False
-    mask[1, n - 5 :] = False
-    return x, mask
+from tests.conftest import D_MODEL, N_HEADS, padded_both_ends, small_attention
 
 
 def masked_reference(m, x, mask, allowed):
@@ -57,7 +49,7 @@ def test_one_block_covering_the_grid_equals_full(causal, n, width):
     m = small_attention("image", causal=causal, width=width, block_h=rows, block_w=width, memory=0).eval()
     full = small_attention("full", causal=causal).eval()
     full.load_state_dict(m.state_dict())
-    x, mask = _padded(n)
+    x, mask = padded_both_ends(n)
     torch.testing.assert_close(m(x, mask), full(x, mask), atol=1e-5, rtol=1e-4)
 
 
@@ -66,7 +58,7 @@ def test_one_block_covering_the_grid_equals_full(causal, n, width):
 def test_matches_dense_local2d_pattern(causal, width, bh, bw, mem):
     n = 37
     m = small_attention("image", causal=causal, width=width, block_h=bh, block_w=bw, memory=mem).eval()
-    x, mask = _padded(n)
+    x, mask = padded_both_ends(n)
     with torch.no_grad():
         ref = masked_reference(m, x, mask, local2d_pattern(n, width, bh, bw, mem, causal))
         y = m(x, mask)

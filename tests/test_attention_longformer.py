@@ -3,14 +3,9 @@
 import pytest
 import torch
 
-from tests.conftest import D_MODEL, input_dependence, small_attention
+from tests.conftest import D_MODEL, dense_attention, input_dependence, small_attention
 
 N = 37
-
-
-def _dense(q, k, v, allowed):
-    scores = (q @ k.transpose(-1, -2)) / q.shape[-1] ** 0.5
-    return scores.masked_fill(~allowed, float("-inf")).softmax(-1) @ v
 
 
 def _reference(m, x, mask):
@@ -18,11 +13,11 @@ def _reference(m, x, mask):
     b, n, _ = x.shape
     q, k, v = (m.split_heads(p(x)) for p in (m.q_proj, m.k_proj, m.v_proj))
     eye = torch.eye(n, dtype=torch.bool)
-    out = _dense(q, k, v, (m.attention_pattern(n) & mask[:, None, None, :]) | eye)
+    out = dense_attention(q, k, v, (m.attention_pattern(n) & mask[:, None, None, :]) | eye)
     g = m.n_global
     if g:
         qg, kg, vg = m.split_heads(m.q_global(x[:, :g])), m.split_heads(m.k_global(x)), m.split_heads(m.v_global(x))
-        out = torch.cat([_dense(qg, kg, vg, mask[:, None, None, :] | eye[:g]), out[:, :, g:]], dim=2)
+        out = torch.cat([dense_attention(qg, kg, vg, mask[:, None, None, :] | eye[:g]), out[:, :, g:]], dim=2)
     return m.out_proj(m.merge_heads(out)) * mask[..., None]
 
 
