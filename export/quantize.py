@@ -41,6 +41,14 @@ class _Calibration:
         return {INPUTS[0]: np.asarray(ids, dtype=np.int64), INPUTS[1]: np.asarray(mask, dtype=np.bool_)}
 
 
+def calibration_batches(task, *, batches: int = 8, batch_size: int = 8) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``(input_ids, mask)`` numpy pairs from a task's train split, for ``static-int8``."""
+    return [
+        (ids.numpy(), mask.numpy())
+        for ids, mask, _ in task.batches("train", batch_size, shuffle=True, max_batches=batches)
+    ]
+
+
 def quantize_onnx(
     src: str | os.PathLike,
     dst: str | os.PathLike,

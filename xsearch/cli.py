@@ -239,13 +239,15 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def _calibration_batches(model_dir: str, model) -> list:
     """Eight train batches of the model's own task, as numpy pairs, for static quantization."""
+    from xsearch.export.quantize import calibration_batches
     from xsearch.serialization import load_task_info
 
     info = load_task_info(model_dir)
     if not info:
         raise UsageError(f"static-int8 calibrates on the model's task, but {model_dir} has no task.json")
-    task = build_task(info["name"], {k: v for k, v in info.get("options", {}).items() if v is not None})
-    return [(ids.numpy(), mask.numpy()) for ids, mask, _ in task.batches("train", 8, shuffle=True, max_batches=8)]
+    return calibration_batches(
+        build_task(info["name"], {k: v for k, v in info.get("options", {}).items() if v is not None})
+    )
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -429,18 +431,13 @@ def _task_for_model(model_dir: str, args: argparse.Namespace):
 
 
 def _measure_row(label: str, model, onnx_path: Path, task, target: str, threads: int) -> tuple:
-    from xsearch.export import Predictor
     from xsearch.latency import measure
     from xsearch.model import count_parameters
+    from xsearch.training import evaluate_onnx
 
     lat = measure(onnx_path, target, seq_len=task.max_len, threads=threads, repeats=20).median_ms
-    predictor = Predictor(onnx_path, threads=threads)
-    correct = total = 0
-    for ids, mask, labels in task.batches("test", 64):
-        pred = predictor.logits(ids.numpy(), mask.numpy()).argmax(-1)
-        correct += int((pred == labels.numpy()).sum())
-        total += len(labels)
-    return (label, count_parameters(model), onnx_path.stat().st_size, lat, correct / total)
+    accuracy = evaluate_onnx(onnx_path, task, "test", threads=threads)
+    return (label, count_parameters(model), onnx_path.stat().st_size, lat, accuracy)
 
 
 def cmd_compress(args: argparse.Namespace) -> int:
@@ -519,6 +516,28 @@ def cmd_adapt(args: argparse.Namespace) -> int:
     out = save_adapters(model, args.out, task=task.describe())
     print(f"saved adapters to {out} ({n_train:,} trainable parameters); test "
           f"{'bits_per_byte' if task.kind == 'lm' else 'accuracy'} {metric:.4f}")  # fmt: skip
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from xsearch.pipeline import DEFAULT_YAML, load_pipeline_config, run_pipeline
+    from xsearch.pipeline.summary import print_summary
+
+    if args.print_config:
+        print(DEFAULT_YAML, end="")
+        return 0
+    cfg = load_pipeline_config(args.config, parse_assignments(args.set, "--set"), name=args.name)
+    if args.runs_dir is not None:
+        cfg.runs_dir = args.runs_dir
+    logging.getLogger("xsearch.export").setLevel(logging.WARNING)  # the export stage prints its own parity line
+    print(f"xsearch run: {cfg.run_dir}  (task {cfg.task.name}, space {cfg.search.space}, target {cfg.target}, "
+          f"{cfg.search.trials} trials)")  # fmt: skip
+    try:
+        summary = run_pipeline(cfg, fresh=args.fresh, progress=not args.quiet, echo=print)
+    except KeyboardInterrupt:
+        print(f"xsearch: interrupted; run the same command again to continue {cfg.run_dir}", file=sys.stderr)
+        return 130
+    print_summary(summary)
     return 0
 
 
@@ -663,6 +682,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--quiet", action="store_true")
     s.add_argument("--out", required=True)
     s.set_defaults(func=cmd_compress)
+
+    s = sub.add_parser("run", help="the whole pipeline: search, pick, train, compress, export, verify (restartable)")
+    s.add_argument("--config", help="a pipeline.yaml (default: the embedded default; see --print-config)")
+    s.add_argument("--print-config", action="store_true", help="print the default pipeline.yaml and exit")
+    s.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a key, e.g. search.trials=20")
+    s.add_argument("--name", help="run name (the folder under runs_dir); overrides the config's")
+    s.add_argument("--runs-dir", help="where run folders live (default: the config's runs_dir)")
+    s.add_argument("--fresh", action="store_true", help="delete the run folder and start over")
+    s.add_argument("--quiet", action="store_true", help="no progress bars")
+    s.set_defaults(func=cmd_run)
 
     s = sub.add_parser("adapt", help="fit task adapters (bottleneck or LoRA) to a saved model")
     s.add_argument("model", help="a saved base model folder")

@@ -144,6 +144,35 @@ def measure(
         ValueError: an unknown target, bad sizes, a length over the model's max_len.
         RuntimeError: a CUDA target without CUDA.
     """
+    samples = _samples(model_or_onnx_path, target, batch, seq_len, threads, warmup, repeats)
+    return summarize(samples, target, device_fingerprint(target, threads))
+
+
+def measure_interleaved(
+    models: dict[str, Any],
+    target: str = "ort-cpu",
+    *,
+    batch: int = 1,
+    seq_len: int,
+    threads: int | None = None,
+    warmup: int = 3,
+    repeats: int = 30,
+    rounds: int = 3,
+) -> dict[str, LatencyStats]:
+    """Latency of several models compared with each other: ``rounds`` alternating passes over the models,
+    ``repeats`` timed runs per model in all, so a drift in machine load hits every model alike."""
+    if rounds <= 0:
+        raise ValueError(f"rounds must be > 0, got {rounds}")
+    per_round = max(1, -(-repeats // rounds))
+    pooled: dict[str, list[float]] = {name: [] for name in models}
+    for _ in range(rounds):
+        for name, model in models.items():
+            pooled[name] += _samples(model, target, batch, seq_len, threads, warmup, per_round)
+    device = device_fingerprint(target, threads)
+    return {name: summarize(samples, target, device) for name, samples in pooled.items()}
+
+
+def _samples(model_or_onnx_path, target, batch, seq_len, threads, warmup, repeats) -> list[float]:
     if target not in TARGETS:
         raise ValueError(f"unknown target {target!r}; valid: {', '.join(TARGETS)}")
     if seq_len <= 0 or batch <= 0 or repeats <= 0 or warmup < 0:
@@ -165,7 +194,7 @@ def measure(
         if isinstance(model_or_onnx_path, (str, os.PathLike)):
             raise ValueError(f"target {target!r} measures a torch model; got a path ({model_or_onnx_path})")
         samples = _torch_samples(model_or_onnx_path, target, batch, seq_len, threads, warmup, repeats)
-    return summarize(samples, target, device_fingerprint(target, threads))
+    return samples
 
 
 def _random_ids(vocab: int, batch: int, seq_len: int):

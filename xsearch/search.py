@@ -205,9 +205,15 @@ def reference_trial(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
 
 
 def describe_trial(t: optuna.trial.FrozenTrial) -> str:
-    cfg = t.user_attrs.get("model_config") or {}
+    return describe_config(t.user_attrs.get("model_config") or {})
+
+
+def describe_config(cfg: dict[str, Any]) -> str:
+    """One line: ``local(block_size=64) d128 L2 H4 ff256``."""
     params = ",".join(f"{k}={v}" for k, v in (cfg.get("attention_params") or {}).items())
-    size = f"d{cfg.get('d_model')} L{cfg.get('n_layers')} H{cfg.get('n_heads')} ff{cfg.get('d_ff')}"
+    dims = sorted(set(cfg.get("ffn_dims") or []))
+    ff = "/".join(map(str, dims)) if dims else cfg.get("d_ff")  # pruned FFN widths when the model was pruned
+    size = f"d{cfg.get('d_model')} L{cfg.get('n_layers')} H{cfg.get('n_heads')} ff{ff}"
     share = cfg.get("weight_sharing", "none")
     return f"{cfg.get('attention', '?')}({params}) {size}" + ("" if share == "none" else f" share={share}")
 

@@ -225,19 +225,44 @@ def evaluate(model: nn.Module, task, split: str = "test", *, batch_size: int = 6
     """Accuracy (classify) or bits per byte (lm) of ``model`` on ``split``."""
     was_training = model.training
     model.eval()
-    correct = total = 0
-    nll = 0.0
     try:
-        for ids, mask, labels in task.batches(split, batch_size, max_batches=max_batches):
-            logits = model(ids, mask)
-            if task.kind == "lm":
-                nll += F.cross_entropy(logits[mask], labels[mask], reduction="sum").item()
-                total += int(mask.sum())
-            else:
-                correct += int((logits.argmax(-1) == labels).sum())
-                total += len(labels)
+        return score_logits(model, task, split, batch_size=batch_size, max_batches=max_batches)
     finally:
         model.train(was_training)
+
+
+def evaluate_onnx(path, task, split: str = "test", *, batch_size: int = 64, threads: int | None = None) -> float:
+    """The same metric as :func:`evaluate`, computed from an ONNX model through onnxruntime."""
+    from xsearch.export import Predictor
+
+    predictor = Predictor(path, threads=threads)
+
+    def logits(ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return torch.from_numpy(predictor.logits(ids.numpy(), mask.numpy()))
+
+    return score_logits(logits, task, split, batch_size=batch_size)
+
+
+@torch.no_grad()
+def score_logits(
+    logits_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    task,
+    split: str,
+    *,
+    batch_size: int = 64,
+    max_batches: int | None = None,
+) -> float:
+    """Accuracy or bits per byte of ``logits_fn(ids, mask)`` over the batches of ``split``."""
+    correct = total = 0
+    nll = 0.0
+    for ids, mask, labels in task.batches(split, batch_size, max_batches=max_batches):
+        logits = logits_fn(ids, mask)
+        if task.kind == "lm":
+            nll += F.cross_entropy(logits[mask], labels[mask], reduction="sum").item()
+            total += int(mask.sum())
+        else:
+            correct += int((logits.argmax(-1) == labels).sum())
+            total += len(labels)
     if total == 0:
         raise ValueError(f"split {split!r} of task {task.name!r} is empty")
     return nll / total / math.log(2) if task.kind == "lm" else correct / total

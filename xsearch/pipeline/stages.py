@@ -1,0 +1,310 @@
+"""The stages of ``xsearch run``, each a function ``(ctx, workdir) -> dict`` built from the library's verbs.
+
+search -> report -> pick -> train -> reference -> compress -> export -> quantize -> verify -> summary.
+A stage reads what earlier stages left in their folders (``ctx.folder(name)``) and writes only into
+its own work folder; the runner renames that folder into place once the stage has finished.
+"""
+
+from __future__ import annotations
+
+import logging
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from xsearch.pipeline.config import PipelineConfig
+from xsearch.pipeline.runner import RunFolder, Stage
+
+log = logging.getLogger("xsearch.pipeline")
+STUDY_NAME = "search"
+STUDY_FILE = "study.db"
+
+
+class RunContext:
+    """What every stage can reach: the configuration, the run folder, the task (built once)."""
+
+    def __init__(self, cfg: PipelineConfig, run: RunFolder, *, progress: bool = True, echo=print) -> None:
+        self.cfg = cfg
+        self.run = run
+        self.progress = progress
+        self.echo = echo
+
+    @cached_property
+    def task(self):
+        from xsearch.tasks import get_task
+
+        return get_task(self.cfg.task.name, **self.cfg.task.options)
+
+    @property
+    def seq_len(self) -> int:
+        return self.cfg.search.seq_len or self.task.max_len
+
+    def folder(self, name: str) -> Path:
+        return self.run.folder(name)
+
+    def result(self, name: str) -> dict[str, Any]:
+        return self.run.result(name)
+
+    def study(self):
+        from xsearch.report import load
+
+        return load(study_url(self.folder("search") / STUDY_FILE), STUDY_NAME)
+
+    def load_model(self, stage: str):
+        from xsearch.serialization import load_model
+
+        return load_model(self.folder(stage) / "model")
+
+    def save_model(self, model, workdir: Path) -> None:
+        from xsearch.serialization import save_model
+
+        save_model(model, workdir / "model", task=self.task.describe())
+
+
+def study_url(path: Path) -> str:
+    return f"sqlite:///{path.resolve()}"
+
+
+# -- 1 search --------------------------------------------------------------------------------
+def run_search_stage(ctx: RunContext, work: Path) -> dict[str, Any]:
+    """The hardware-aware search; resumes its own study after an interruption."""
+    import optuna
+
+    from xsearch.search import SearchSettings, pareto_front, reference_trial, run_search
+
+    s = ctx.cfg.search
+    url = study_url(work / STUDY_FILE)
+    used = _close_interrupted_trials(url) if (work / STUDY_FILE).exists() else 0
+    remaining = s.trials - used
+    settings = SearchSettings(
+        task=ctx.cfg.task.name, task_options=ctx.cfg.task.options, space=s.space, target=ctx.cfg.target,
+        trials=remaining, storage=url, study=STUDY_NAME, seq_len=s.seq_len, batch=ctx.cfg.batch,
+        threads=ctx.cfg.threads, max_latency_ms=s.max_latency_ms, max_params=s.max_params,
+        train_steps=s.train_steps, train_seconds=s.train_seconds, batch_size=s.batch_size, lr=s.lr,
+        sampler=s.sampler, seed=s.seed, latency_repeats=s.latency_repeats,
+    )  # fmt: skip
+    if remaining > 0:
+        if used:
+            ctx.echo(f"  {used} of {s.trials} trials done before the interruption; running {remaining} more")
+        study = run_search(settings, progress=ctx.progress)
+    else:
+        study = optuna.load_study(study_name=STUDY_NAME, storage=url)
+    states: dict[str, int] = {}
+    for t in study.get_trials(deepcopy=False):
+        states[t.state.name] = states.get(t.state.name, 0) + 1
+    ref = reference_trial(study)
+    if ref is None:
+        raise RuntimeError(f"the reference Transformer's trial did not complete (trials: {states}); see {work}")
+    return {"study": STUDY_NAME, "storage": STUDY_FILE, "trials": states, "reference_trial": ref.number,
+            "front": [t.number for t in pareto_front(study)]}  # fmt: skip
+
+
+def _close_interrupted_trials(url: str) -> int:
+    """Mark trials left RUNNING by a killed run as FAIL ("interrupted"); return how many trials count as done."""
+    import optuna
+    from optuna.trial import TrialState
+
+    storage = optuna.storages.RDBStorage(url)
+    try:
+        study_id = storage.get_study_id_from_name(STUDY_NAME)
+    except KeyError:
+        return 0
+    used = 0
+    for t in storage.get_all_trials(study_id, deepcopy=False):
+        if t.state == TrialState.RUNNING:
+            trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, t.number)
+            storage.set_trial_user_attr(trial_id, "interrupted", True)
+            storage.set_trial_user_attr(trial_id, "error", "interrupted: the run stopped during this trial")
+            storage.set_trial_state_values(trial_id, TrialState.FAIL)
+        elif t.state.is_finished() and not t.user_attrs.get("interrupted"):
+            used += 1
+    storage.remove_session()
+    return used
+
+
+# -- 2 report, 3 pick ------------------------------------------------------------------------
+def run_report_stage(ctx: RunContext, work: Path) -> dict[str, Any]:
+    from xsearch.report import write_report
+
+    doc = write_report(ctx.study(), work)
+    return {"files": ["pareto.html", "pareto.png", "trials.csv", "front.json"], "front_size": len(doc["front"])}
+
+
+def run_pick_stage(ctx: RunContext, work: Path) -> dict[str, Any]:
+    """The most accurate feasible trial within the latency budget (absolute and/or relative to the reference)."""
+    from xsearch.report import pick
+    from xsearch.search import describe_trial, reference_trial
+
+    study = ctx.study()
+    ref = reference_trial(study)
+    budgets = [ctx.cfg.pick.max_latency_ms]
+    if ctx.cfg.pick.min_speedup is not None:
+        budgets.append(ref.values[1] / ctx.cfg.pick.min_speedup)
+    budget = min((b for b in budgets if b is not None), default=None)
+    chosen = pick(study, budget)
+    ctx.echo(f"  picked trial {chosen.number}: {describe_trial(chosen)} "
+             f"({chosen.values[0]:.4f}, {chosen.values[1]:.2f} ms; reference {ref.values[1]:.2f} ms)")  # fmt: skip
+    return {
+        "trial": chosen.number, "model_config": chosen.user_attrs["model_config"], "search_metric": chosen.values[0],
+        "search_latency_ms": chosen.values[1], "budget_ms": budget, "reference_trial": ref.number,
+        "reference_config": ref.user_attrs["model_config"], "reference_metric": ref.values[0],
+        "reference_latency_ms": ref.values[1],
+    }  # fmt: skip
+
+
+# -- 4 train, 5 reference ----------------------------------------------------------------------
+def _train_fully(ctx: RunContext, work: Path, config: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
+    from xsearch.model import build_model, count_parameters
+    from xsearch.search import describe_config
+    from xsearch.training import evaluate, train
+
+    t = ctx.cfg.train
+    torch.manual_seed(t.seed)
+    model = build_model(config)
+    ctx.echo(f"  {describe_config(config)}: {count_parameters(model):,} parameters")
+    result = train(model, ctx.task, steps=t.steps, seconds=t.seconds, batch_size=t.batch_size, lr=t.lr, seed=t.seed,
+                   progress=ctx.progress)  # fmt: skip
+    metric = evaluate(model, ctx.task, "test")
+    ctx.save_model(model, work)
+    ctx.echo(f"  {result.steps} steps in {result.seconds:.0f} s; test {_metric_name(ctx)} {metric:.4f}")
+    return {"model": "model", "test_metric": metric, "steps": result.steps, "train_seconds": round(result.seconds, 2),
+            "parameters": count_parameters(model), "description": describe_config(config)}  # fmt: skip
+
+
+def run_train_stage(ctx: RunContext, work: Path) -> dict[str, Any]:
+    return _train_fully(ctx, work, ctx.result("pick")["model_config"])
+
+
+def run_reference_stage(ctx: RunContext, work: Path) -> dict[str, Any]:
+    return _train_fully(ctx, work, ctx.result("pick")["reference_config"])
+
+
+def _metric_name(ctx: RunContext) -> str:
+    from xsearch.search import metric_name
+
+    return metric_name(ctx.task.kind)
+
+
+# -- 6 compress -------------------------------------------------------------------------------
+def run_compress_stage(ctx: RunContext, work: Path) -> dict[str, Any]:
+    """Prune heads and FFN channels of the trained model, then fine-tune it, distilling from the teacher."""
+    import torch
+
+    from xsearch.compress import distill, prune
+    from xsearch.model import count_parameters
+    from xsearch.search import describe_config
+    from xsearch.training import evaluate, train
+
+    c = ctx.cfg.compress
+    model = ctx.load_model("train")
+    before = count_parameters(model)
+    torch.manual_seed(ctx.cfg.train.seed)
+    if c.prune_heads or c.prune_ffn:
+        prune(model, heads=c.prune_heads, ffn=c.prune_ffn, importance=c.importance, task=ctx.task)
+    after = count_parameters(model)
+    ctx.echo(f"  pruned heads {c.prune_heads:.0%}, FFN {c.prune_ffn:.0%}: {before:,} -> {after:,} parameters")
+    if c.finetune_steps:
+        kwargs = dict(batch_size=ctx.cfg.train.batch_size, lr=c.lr, seed=ctx.cfg.train.seed, progress=ctx.progress)
+        if c.teacher == "none":
+            train(model, ctx.task, steps=c.finetune_steps, **kwargs)
+        else:
+            teacher = ctx.load_model("reference" if c.teacher == "reference" else "train")
+            distill(model, teacher, ctx.task, steps=c.finetune_steps, temperature=c.temperature, alpha=c.alpha,
+                    **kwargs)  # fmt: skip
+    metric = evaluate(model, ctx.task, "test")
+    ctx.save_model(model, work)
+    ctx.echo(f"  fine-tuned {c.finetune_steps} steps (teacher: {c.teacher}); test {_metric_name(ctx)} {metric:.4f}")
+    return {"model": "model", "parameters_before": before, "parameters": after, "test_metric": metric,
+            "description": describe_config(model.config.to_dict())}  # fmt: skip
+
+
+# -- 7 export, 8 quantize ----------------------------------------------------------------------
+EXPORTS = {"model.onnx": "compress", "searched.onnx": "train", "reference.onnx": "reference"}
+
+
+def run_export_stage(ctx: RunContext, work: Path) -> dict[str, Any]:
+    """ONNX files of the compressed model and, for the comparison, of the searched and reference models."""
+    from xsearch.export import to_onnx
+
+    out = {}
+    for filename, stage in EXPORTS.items():
+        report = to_onnx(ctx.load_model(stage), work / filename, task=ctx.task.describe())
+        out[filename] = {"from": stage, "max_abs_diff": report.max_abs_diff, "size_bytes": report.size_bytes}
+        ctx.echo(f"  {filename}: {report.size_bytes / 1e6:.2f} MB, parity max |diff| {report.max_abs_diff:.1e}")
+    return {"files": out}
+
+
+def run_quantize_stage(ctx: RunContext, work: Path) -> dict[str, Any]:
+    import shutil
+
+    from xsearch.export import quantize_onnx
+    from xsearch.export.quantize import calibration_batches
+
+    mode = ctx.cfg.export.quantize
+    src = ctx.folder("export") / "model.onnx"
+    if mode == "none":
+        shutil.copyfile(src, work / "model.onnx")
+        return {"mode": mode, "file": "model.onnx"}
+    name = {"dynamic-int8": "model.int8.onnx", "static-int8": "model.int8.onnx", "fp16": "model.fp16.onnx"}[mode]
+    calibration = calibration_batches(ctx.task) if mode == "static-int8" else None
+    quantize_onnx(src, work / name, mode, calibration=calibration)
+    ctx.echo(f"  {mode}: {(work / name).stat().st_size / 1e6:.2f} MB")
+    return {"mode": mode, "file": name}
+
+
+# -- 9 verify, 10 summary ----------------------------------------------------------------------
+def deploy_target(target: str) -> str:
+    """The onnxruntime engine an ONNX file is timed on for a search target."""
+    return "ort-cuda" if target.endswith("cuda") else "ort-cpu"
+
+
+def shipped_path(ctx: RunContext) -> Path:
+    return ctx.folder("quantize") / ctx.result("quantize")["file"]
+
+
+def run_verify_stage(ctx: RunContext, work: Path) -> dict[str, Any]:
+    """Test-split metric of each ONNX file through onnxruntime, and their latencies measured interleaved."""
+    from xsearch.latency import measure_interleaved
+    from xsearch.training import evaluate_onnx
+
+    files = {
+        "reference": ctx.folder("export") / "reference.onnx",
+        "searched": ctx.folder("export") / "searched.onnx",
+        "shipped": shipped_path(ctx),
+    }
+    target = deploy_target(ctx.cfg.target)
+    stats = measure_interleaved(files, target, batch=ctx.cfg.batch, seq_len=ctx.seq_len, threads=ctx.cfg.threads,
+                                repeats=ctx.cfg.verify.latency_repeats)  # fmt: skip
+    rows = {}
+    for name, path in files.items():
+        metric = evaluate_onnx(path, ctx.task, "test", threads=ctx.cfg.threads)
+        rows[name] = {"file": str(path.relative_to(ctx.run.root)), "test_metric": metric,
+                      "latency": stats[name].to_dict(), "size_bytes": path.stat().st_size}  # fmt: skip
+        ctx.echo(f"  {name:9s} {_metric_name(ctx)} {metric:.4f}  {stats[name].median_ms:8.2f} ms  "
+                 f"{path.stat().st_size / 1e6:6.2f} MB  ({path.name})")  # fmt: skip
+    return {"target": target, "seq_len": ctx.seq_len, "batch": ctx.cfg.batch, "threads": ctx.cfg.threads,
+            "models": rows}  # fmt: skip
+
+
+def run_summary_stage(ctx: RunContext, work: Path) -> dict[str, Any]:
+    from xsearch.pipeline.summary import build_summary, write_summary
+
+    summary = build_summary(ctx)
+    write_summary(summary, ctx.run.root)
+    return {"files": ["../summary.md", "../summary.json"]}
+
+
+STAGES = [
+    Stage("search", run_search_stage, "hardware-aware search", resumes=True),
+    Stage("report", run_report_stage, "report: Pareto front, plots"),
+    Stage("pick", run_pick_stage, "pick under the latency budget"),
+    Stage("train", run_train_stage, "train the picked model fully"),
+    Stage("reference", run_reference_stage, "train the reference Transformer fully"),
+    Stage("compress", run_compress_stage, "prune and fine-tune with distillation"),
+    Stage("export", run_export_stage, "export to ONNX (parity-checked)"),
+    Stage("quantize", run_quantize_stage, "quantize"),
+    Stage("verify", run_verify_stage, "verify on onnxruntime: test metric and latency"),
+    Stage("summary", run_summary_stage, "summary"),
+]
