@@ -15,8 +15,9 @@ $(STAMP): pyproject.toml constraints.txt
 
 install: $(STAMP)
 
+# The default pipeline (xsearch run --print-config); re-running continues or reprints a finished run.
 demo: $(STAMP)
-	$(PY) -m xsearch.demo
+	$(VENV)/bin/xsearch run
 
 test: $(STAMP)
 	$(PY) -m pytest tests
