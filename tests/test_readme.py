@@ -97,4 +97,4 @@ def test_readme_search_space_example_loads(tmp_path):
     path = tmp_path / "my_space.yaml"
     path.write_text(example)
     space = load_space(path)
-    assert space.name == "my_space" and sorted(space.attention) == ["linformer", "local"]
+    assert space.name == "my_space" and sorted(space.attention) == ["full", "linformer", "local"]
