@@ -137,11 +137,33 @@ def test_run_folder_lock_and_config_check(tmp_path):
         first.unlock()
     second.lock()
     second.unlock()
-    cfg = load_pipeline_config()
-    first.check_config(cfg)
-    first.check_config(load_pipeline_config(name="moved"))  # the name/folder may change
-    with pytest.raises(PipelineConfigError, match=r"search.trials: 8 -> 9"):
-        first.check_config(load_pipeline_config(overrides={"search.trials": 9}))
+
+
+def test_config_changes_are_refused_only_where_a_finished_stage_reflects_them(tmp_path):
+    from xsearch.pipeline.stages import STAGES
+
+    def finish(run: RunFolder, name: str) -> None:
+        run.folder(name).mkdir(parents=True)
+        (run.folder(name) / "stage.json").write_text("{}")
+
+    run = RunFolder(tmp_path / "r", STAGES)
+    run.check_config(load_pipeline_config())
+    finish(run, "search")
+    finish(run, "report")
+    run.check_config(load_pipeline_config(name="moved"))  # the name/folder may change
+    run.check_config(load_pipeline_config(overrides={"pick.min_speedup": 2.0}))  # the pick has not run: taken
+    saved = yaml.safe_load((run.root / "pipeline.yaml").read_text())
+    assert saved["pick"]["min_speedup"] == 2.0
+    with pytest.raises(PipelineConfigError, match=r"stage 'search' .*search.trials: 8 -> 9.*--redo-from search"):
+        run.check_config(load_pipeline_config(overrides={"search.trials": 9, "pick.min_speedup": 2.0}))
+
+    # --redo-from search: the search folder goes back to .partial (its study kept), later stages are forgotten
+    (run.folder("search") / "study.db").write_text("trials")
+    run.redo_from("search")
+    assert not run.folder("search").exists() and not run.folder("report").exists()
+    assert (run.root / "01-search.partial" / "study.db").read_text() == "trials"
+    assert not (run.root / "01-search.partial" / "stage.json").exists()
+    run.check_config(load_pipeline_config(overrides={"search.trials": 9, "pick.min_speedup": 2.0}))
 
 
 # -- a whole run, killed twice and resumed --------------------------------------------------------

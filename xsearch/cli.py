@@ -533,7 +533,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"xsearch run: {cfg.run_dir}  (task {cfg.task.name}, space {cfg.search.space}, target {cfg.target}, "
           f"{cfg.search.trials} trials)")  # fmt: skip
     try:
-        summary = run_pipeline(cfg, fresh=args.fresh, progress=not args.quiet, echo=print)
+        summary = run_pipeline(cfg, fresh=args.fresh, redo_from=args.redo_from, progress=not args.quiet, echo=print)
     except KeyboardInterrupt:
         print(f"xsearch: interrupted; run the same command again to continue {cfg.run_dir}", file=sys.stderr)
         return 130
@@ -690,6 +690,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--name", help="run name (the folder under runs_dir); overrides the config's")
     s.add_argument("--runs-dir", help="where run folders live (default: the config's runs_dir)")
     s.add_argument("--fresh", action="store_true", help="delete the run folder and start over")
+    s.add_argument("--redo-from", metavar="STAGE", help="redo this stage and the later ones (search: adds trials)")
     s.add_argument("--quiet", action="store_true", help="no progress bars")
     s.set_defaults(func=cmd_run)
 

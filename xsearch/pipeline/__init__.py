@@ -23,23 +23,30 @@ __all__ = [
 ]
 
 
-def run_pipeline(cfg: PipelineConfig, *, fresh: bool = False, progress: bool = True, echo=print) -> dict[str, Any]:
+def run_pipeline(
+    cfg: PipelineConfig, *, fresh: bool = False, redo_from: str | None = None, progress: bool = True, echo=print
+) -> dict[str, Any]:
     """Run (or continue) the pipeline in ``cfg.run_dir``; returns the summary (also in ``summary.json``).
 
     Args:
         fresh: delete the run folder first and start over.
+        redo_from: forget this stage and the later ones first (the search keeps its study and adds trials).
         progress: progress bars for the search and training.
         echo: where the one-line stage reports go.
     """
-    from xsearch.pipeline.stages import STAGES, RunContext
+    from xsearch.pipeline.stages import STAGE_NAMES, STAGES, RunContext
 
     run = RunFolder(cfg.run_dir, STAGES)
     if fresh and run.root.exists():
         run.lock()  # never delete a folder another process is working in
         run.unlock()
         shutil.rmtree(run.root)
+    if redo_from is not None and redo_from not in STAGE_NAMES:
+        raise ValueError(f"unknown stage {redo_from!r}; stages: {', '.join(STAGE_NAMES)}")
     run.lock()
     try:
+        if redo_from is not None:
+            run.redo_from(redo_from)
         run.check_config(cfg)
         run.run(RunContext(cfg, run, progress=progress, echo=echo), log=echo)
     finally:

@@ -40,6 +40,7 @@ class Stage:
     run: Callable[[Any, Path], dict[str, Any]]
     title: str
     resumes: bool = False
+    depends: tuple[str, ...] = ()  # configuration keys (dotted prefixes) whose values the stage's result reflects
 
 
 class RunLockedError(RuntimeError):
@@ -76,24 +77,55 @@ class RunFolder:
 
     # -- configuration ---------------------------------------------------------------------
     def check_config(self, cfg: PipelineConfig) -> None:
-        """Record the configuration of a new run, or check that a resumed run uses the same one."""
+        """Record the configuration; on a resumed run, refuse changes that a finished stage already reflects.
+
+        A change that only concerns stages still to run is taken (and recorded): a budget that could not be
+        met at the pick, say, can be relaxed and the run continued.
+        """
         path = self.root / CONFIG_FILE
-        if not path.exists():
-            self.root.mkdir(parents=True, exist_ok=True)
-            atomic_write_text(path, cfg.to_yaml())
-            return
-        try:
-            saved = validate(yaml.safe_load(path.read_text(encoding="utf-8")), str(path))
-        except (yaml.YAMLError, PipelineConfigError, AttributeError) as e:
-            raise PipelineConfigError(f"{path} is damaged ({e}); start a new run (--name or --fresh)") from None
-        where = ("name", "runs_dir")  # the folder may be moved or renamed; what it computes may not change
-        diffs = [d for d in _differences(saved.to_dict(), cfg.to_dict()) if d[0] not in where]
-        if diffs:
-            shown = "; ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in diffs[:4])
-            raise PipelineConfigError(
-                f"{self.root} was started with another configuration ({shown}); "
-                "re-run it unchanged to continue, or use another --name, or --fresh to start over"
-            )
+        if path.exists():
+            try:
+                saved = validate(yaml.safe_load(path.read_text(encoding="utf-8")), str(path))
+            except (yaml.YAMLError, PipelineConfigError, AttributeError) as e:
+                raise PipelineConfigError(f"{path} is damaged ({e}); start a new run (--name or --fresh)") from None
+            where = ("name", "runs_dir")  # the folder may be moved or renamed
+            diffs = [d for d in _differences(saved.to_dict(), cfg.to_dict()) if d[0] not in where]
+            for stage in self.stages:
+                if not self.done(stage.name):
+                    break
+                hit = [d for d in diffs if any(d[0] == k or d[0].startswith(k + ".") for k in stage.depends)]
+                if hit:
+                    shown = "; ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in hit[:4])
+                    keep = " (the search keeps its trials)" if stage.resumes else ""
+                    raise PipelineConfigError(
+                        f"{self.root}: stage {stage.name!r} finished with another configuration ({shown}); "
+                        f"add --redo-from {stage.name} to redo it and what follows{keep}, or use another --name"
+                    )
+            if not diffs:
+                return
+        self.root.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, cfg.to_yaml())
+
+    def redo_from(self, name: str) -> None:
+        """Forget stage ``name`` and every later one (a resuming stage keeps its work folder to continue in)."""
+        first = self._index(name)
+        for i, stage in enumerate(self.stages, 1):
+            if i < first:
+                continue
+            final = self.folder(stage.name)
+            partial = final.with_name(final.name + ".partial")
+            if i == first and stage.resumes:
+                if final.exists():
+                    if partial.exists():
+                        shutil.rmtree(partial)
+                    (final / STAGE_FILE).unlink()
+                    os.replace(final, partial)
+                continue
+            for path in (final, partial):
+                if path.exists():
+                    shutil.rmtree(path)
+        for leftover in ("summary.md", "summary.json"):
+            (self.root / leftover).unlink(missing_ok=True)
 
     # -- locking ---------------------------------------------------------------------------
     def lock(self) -> None:

@@ -133,7 +133,7 @@ def run_report_stage(ctx: RunContext, work: Path) -> dict[str, Any]:
 def run_pick_stage(ctx: RunContext, work: Path) -> dict[str, Any]:
     """The most accurate feasible trial within the latency budget (absolute and/or relative to the reference)."""
     from xsearch.report import pick
-    from xsearch.search import describe_trial, reference_trial
+    from xsearch.search import describe_trial, is_feasible, reference_trial
 
     study = ctx.study()
     ref = reference_trial(study)
@@ -141,7 +141,17 @@ def run_pick_stage(ctx: RunContext, work: Path) -> dict[str, Any]:
     if ctx.cfg.pick.min_speedup is not None:
         budgets.append(ref.values[1] / ctx.cfg.pick.min_speedup)
     budget = min((b for b in budgets if b is not None), default=None)
-    chosen = pick(study, budget)
+    try:
+        chosen = pick(study, budget)
+    except ValueError:
+        feasible = [t for t in study.get_trials(deepcopy=False) if t.values and is_feasible(t)]
+        fastest = min(feasible, key=lambda t: t.values[1], default=None)
+        best = f"; the fastest feasible trial takes {fastest.values[1]:.2f} ms" if fastest else ""
+        raise ValueError(
+            f"no trial within the pick budget of {budget:.2f} ms (reference {ref.values[1]:.2f} ms){best}: relax "
+            "pick.max_latency_ms / pick.min_speedup and re-run, or raise search.trials and re-run with "
+            "--redo-from search"
+        ) from None
     ctx.echo(f"  picked trial {chosen.number}: {describe_trial(chosen)} "
              f"({chosen.values[0]:.4f}, {chosen.values[1]:.2f} ms; reference {ref.values[1]:.2f} ms)")  # fmt: skip
     return {
@@ -297,14 +307,17 @@ def run_summary_stage(ctx: RunContext, work: Path) -> dict[str, Any]:
 
 
 STAGES = [
-    Stage("search", run_search_stage, "hardware-aware search", resumes=True),
+    Stage("search", run_search_stage, "hardware-aware search", resumes=True,
+          depends=("task", "target", "threads", "batch", "search")),
     Stage("report", run_report_stage, "report: Pareto front, plots"),
-    Stage("pick", run_pick_stage, "pick under the latency budget"),
-    Stage("train", run_train_stage, "train the picked model fully"),
-    Stage("reference", run_reference_stage, "train the reference Transformer fully"),
-    Stage("compress", run_compress_stage, "prune and fine-tune with distillation"),
+    Stage("pick", run_pick_stage, "pick under the latency budget", depends=("pick",)),
+    Stage("train", run_train_stage, "train the picked model fully", depends=("train",)),
+    Stage("reference", run_reference_stage, "train the reference Transformer fully", depends=("train",)),
+    Stage("compress", run_compress_stage, "prune and fine-tune with distillation",
+          depends=("compress", "train.seed", "train.batch_size")),
     Stage("export", run_export_stage, "export to ONNX (parity-checked)"),
-    Stage("quantize", run_quantize_stage, "quantize"),
-    Stage("verify", run_verify_stage, "verify on onnxruntime: test metric and latency"),
+    Stage("quantize", run_quantize_stage, "quantize", depends=("export",)),
+    Stage("verify", run_verify_stage, "verify on onnxruntime: test metric and latency", depends=("verify",)),
     Stage("summary", run_summary_stage, "summary"),
-]
+]  # fmt: skip
+STAGE_NAMES = [s.name for s in STAGES]
