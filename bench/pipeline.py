@@ -76,10 +76,12 @@ def main(argv: list[str] | None = None) -> int:
     fast = [t for t in done if ref.values[1] / t.values[1] >= args.min_speedup]
     best = max(fast, key=lambda t: t.values[0], default=None)
     print(f"\n## Search ({len(done)} complete trials, ListOps max_len {args.max_len}, {args.search_steps} steps each)")
-    print(f"| trial | architecture | valid accuracy | latency ms | speedup | delta |\n|---|---|---|---|---|---|")
+    print("| trial | architecture | valid accuracy | latency ms | speedup | delta |\n|---|---|---|---|---|---|")
     for t in [ref] + ([best] if best else []):
-        print(f"| {t.number}{' (reference)' if t is ref else ''} | {describe_trial(t)} | {t.values[0]:.4f} | "
-              f"{t.values[1]:.2f} | {ref.values[1] / t.values[1]:.2f}x | {100 * (t.values[0] - ref.values[0]):+.1f} pts |")  # fmt: skip
+        label = f"{t.number} (reference)" if t is ref else str(t.number)
+        speedup, delta = ref.values[1] / t.values[1], 100 * (t.values[0] - ref.values[0])
+        print(f"| {label} | {describe_trial(t)} | {t.values[0]:.4f} | {t.values[1]:.2f} | {speedup:.2f}x | "
+              f"{delta:+.1f} pts |")  # fmt: skip
     if best is None:
         print(f"no trial at least {args.min_speedup}x faster than the reference")
     print("\n## Pipeline\n")
