@@ -250,6 +250,8 @@ def test_killed_run_resumes_without_redoing_or_touching_finished_stages(tmp_path
         assert trials[number].state == TrialState.COMPLETE and trials[number].values == values
     interrupted = [t for t in trials if t.user_attrs.get("interrupted")]
     assert len(interrupted) == 1 and interrupted[0].state == TrialState.FAIL
+    retried = [t for t in trials if t.user_attrs.get("retry_of") == interrupted[0].number]
+    assert len(retried) == 1 and retried[0].params == interrupted[0].params  # the same candidate, run again
     assert sum(t.state == TrialState.COMPLETE for t in trials) == SMALL["search.trials"]
 
     # 3. resume to the end

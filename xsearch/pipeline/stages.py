@@ -100,7 +100,8 @@ def run_search_stage(ctx: RunContext, work: Path) -> dict[str, Any]:
 
 
 def _close_interrupted_trials(url: str) -> int:
-    """Mark trials left RUNNING by a killed run as FAIL ("interrupted"); return how many trials count as done."""
+    """Mark trials left RUNNING by a killed run as FAIL ("interrupted") and queue their parameters again;
+    return how many trials count as done."""
     import optuna
     from optuna.trial import TrialState
 
@@ -110,14 +111,21 @@ def _close_interrupted_trials(url: str) -> int:
     except KeyError:
         return 0
     used = 0
+    retry = []
     for t in storage.get_all_trials(study_id, deepcopy=False):
         if t.state == TrialState.RUNNING:
             trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, t.number)
             storage.set_trial_user_attr(trial_id, "interrupted", True)
             storage.set_trial_user_attr(trial_id, "error", "interrupted: the run stopped during this trial")
             storage.set_trial_state_values(trial_id, TrialState.FAIL)
+            retry.append(t)
         elif t.state.is_finished() and not t.user_attrs.get("interrupted"):
             used += 1
+    if retry:  # the same candidates again (the reference above all: the run is read against it)
+        study = optuna.load_study(study_name=STUDY_NAME, storage=storage)
+        for t in retry:
+            attrs = {"reference": True} if t.user_attrs.get("reference") else {}
+            study.enqueue_trial(t.params, user_attrs={**attrs, "retry_of": t.number}, skip_if_exists=False)
     storage.remove_session()
     return used
 
