@@ -69,3 +69,20 @@ def test_bad_arguments(task):
         xsearch.train(model, task)
     with pytest.raises(ValueError, match="split"):
         xsearch.evaluate(model, task, "dev")
+
+
+def test_keep_best_leaves_the_weights_of_the_best_validation_point(task):
+    model = small_model(task)
+
+    def spoil(step, rec):  # after step 40 the weights are ruined: later validation points are worse
+        if step == 40:
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(torch.randn_like(p) * 5)
+
+    result = xsearch.train(model, task, steps=60, batch_size=16, lr=3e-3, eval_every=10, eval_batches=None,
+                           keep_best=True, callback=spoil, progress=False)  # fmt: skip
+    valid = [r["valid"] for r in result.history]
+    assert result.best_step <= 40 and result.valid_metric == max(valid)
+    assert result.best_step == result.history[valid.index(max(valid))]["step"]
+    assert xsearch.evaluate(model, task, "valid") == pytest.approx(max(valid))

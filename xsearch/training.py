@@ -32,6 +32,7 @@ class TrainResult:
         final_loss: mean training loss over the last logging window.
         valid_metric: last validation metric (accuracy, or bits per byte for lm), if validated.
         history: one dict per validation/log point: step, loss, lr, and valid when measured.
+        best_step: with ``keep_best``, the step whose weights the model was left with.
     """
 
     steps: int
@@ -39,6 +40,7 @@ class TrainResult:
     final_loss: float
     valid_metric: float | None = None
     history: list[dict[str, Any]] = field(default_factory=list)
+    best_step: int | None = None
 
 
 LossFn = Callable[[nn.Module, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -76,6 +78,7 @@ def train(
     progress: bool | None = None,
     loss_fn: LossFn | None = None,
     callback: Callable[[int, dict[str, Any]], None] | None = None,
+    keep_best: bool = False,
 ) -> TrainResult:
     """Train ``model`` on ``task``'s train split.
 
@@ -96,6 +99,8 @@ def train(
         loss_fn: ``(model, ids, mask, labels) -> loss``; default cross-entropy (distillation
             passes its own).
         callback: called as ``callback(step, record)`` at each validation point.
+        keep_best: leave the model with the weights of its best validation point (early stopping's
+            checkpoint choice: a small model trained for many steps can overfit a small train split).
 
     Returns:
         A ``TrainResult``.
@@ -131,6 +136,7 @@ def train(
     show = sys.stderr.isatty() if progress is None else progress
 
     model.train()
+    best = _Best(model, keep_best, higher_is_better=task.kind != "lm")
     batches = _endless(task, batch_size, seed)
     start = time.perf_counter()
     step, window, result = 0, [], TrainResult(0, 0.0, float("nan"))
@@ -173,17 +179,39 @@ def train(
                 result.valid_metric = rec["valid"]
                 log.log(logging.INFO if show else logging.DEBUG, "step %d loss %.4f valid %.4f", step, rec["loss"],
                         rec["valid"])  # fmt: skip
+                best.offer(rec)
                 if callback:
                     callback(step, rec)
     if not result.history or result.history[-1]["step"] != step:
         rec = _record(model, task, step, window, opt, eval_batches, batch_size)
         result.history.append(rec)
         result.valid_metric = rec["valid"]
+        best.offer(rec)
+    if keep_best and best.state is not None:
+        model.load_state_dict(best.state)
+        result.best_step, result.valid_metric = best.step, best.value
     model.eval()
     result.steps = step
     result.seconds = time.perf_counter() - start
     result.final_loss = sum(window) / len(window) if window else float("nan")
     return result
+
+
+class _Best:
+    """The weights at the best validation point so far (kept only when asked)."""
+
+    def __init__(self, model: nn.Module, keep: bool, *, higher_is_better: bool) -> None:
+        self.model, self.keep, self.sign = model, keep, 1.0 if higher_is_better else -1.0
+        self.state: dict[str, torch.Tensor] | None = None
+        self.step: int | None = None
+        self.value: float | None = None
+
+    def offer(self, rec: dict[str, Any]) -> None:
+        if not self.keep or not math.isfinite(rec["valid"]):
+            return
+        if self.value is None or self.sign * rec["valid"] > self.sign * self.value:
+            self.state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+            self.step, self.value = rec["step"], rec["valid"]
 
 
 def _record(model, task, step, window, opt, eval_batches, batch_size) -> dict[str, Any]:

@@ -35,8 +35,8 @@ batch: 1                 # batch size at which latency is measured
 task:
   name: listops          # listops | text | lm (see `xsearch train --help` for their options)
   options:               # passed to the task: e.g. data: train.jsonl (text), path: corpus.txt (lm)
-    n_train: 2000
-    n_valid: 200
+    n_train: 4000
+    n_valid: 500
     n_test: 500
     max_len: 256
 
@@ -44,7 +44,7 @@ search:
   space: tiny            # a shipped space (`xsearch spaces`) or a .yaml file
   trials: 8              # trials in the study, the reference Transformer included
   train_steps: null      # per trial: give train_steps or train_seconds
-  train_seconds: 6
+  train_seconds: 8
   batch_size: 32
   lr: 0.002
   sampler: tpe           # tpe | nsga2 | random
@@ -64,6 +64,7 @@ train:                   # the picked model and the reference Transformer, each 
   batch_size: 32
   lr: 0.002
   seed: 0
+  keep_best: true        # keep the weights of the best validation point (a small fast model can overfit)
 
 compress:
   prune_heads: 0.0       # fraction of attention heads removed
@@ -122,6 +123,7 @@ class TrainSection:
     batch_size: int
     lr: float
     seed: int
+    keep_best: bool
 
 
 @dataclass
@@ -178,6 +180,13 @@ def default_dict() -> dict[str, Any]:
     return yaml.safe_load(DEFAULT_YAML)
 
 
+def over_defaults(user: dict[str, Any], source: str) -> dict[str, Any]:
+    """``user``'s keys merged over the default configuration (keys a newer xsearch added keep their default)."""
+    data = default_dict()
+    _merge(data, user, "", source)
+    return data
+
+
 def load_pipeline_config(
     path: str | Path | None = None, overrides: dict[str, Any] | None = None, *, name: str | None = None
 ) -> PipelineConfig:
@@ -197,7 +206,7 @@ def load_pipeline_config(
             user = {}
         if not isinstance(user, dict):
             raise PipelineConfigError(f"{path}: expected a mapping of keys at the top, got {type(user).__name__}")
-        _merge(data, user, "", str(path))
+        data = over_defaults(user, str(path))
     for key, value in (overrides or {}).items():
         _set_dotted(data, key, value)
     if name is not None:

@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from xsearch.pipeline.config import PipelineConfig, PipelineConfigError, validate
+from xsearch.pipeline.config import PipelineConfig, PipelineConfigError, over_defaults, validate
 from xsearch.serialization import atomic_write_text
 
 STAGE_FILE = "stage.json"
@@ -85,7 +85,7 @@ class RunFolder:
         path = self.root / CONFIG_FILE
         if path.exists():
             try:
-                saved = validate(yaml.safe_load(path.read_text(encoding="utf-8")), str(path))
+                saved = validate(over_defaults(yaml.safe_load(path.read_text(encoding="utf-8")), str(path)), str(path))
             except (yaml.YAMLError, PipelineConfigError, AttributeError) as e:
                 raise PipelineConfigError(f"{path} is damaged ({e}); start a new run (--name or --fresh)") from None
             where = ("name", "runs_dir")  # the folder may be moved or renamed

@@ -183,12 +183,14 @@ def _train_fully(ctx: RunContext, work: Path, config: dict[str, Any]) -> dict[st
     model = build_model(config)
     ctx.echo(f"  {describe_config(config)}: {count_parameters(model):,} parameters")
     result = train(model, ctx.task, steps=t.steps, seconds=t.seconds, batch_size=t.batch_size, lr=t.lr, seed=t.seed,
-                   progress=ctx.progress)  # fmt: skip
+                   progress=ctx.progress, keep_best=t.keep_best)  # fmt: skip
     metric = evaluate(model, ctx.task, "test")
     ctx.save_model(model, work)
-    ctx.echo(f"  {result.steps} steps in {result.seconds:.0f} s; test {_metric_name(ctx)} {metric:.4f}")
+    kept = f" (weights of step {result.best_step}, the best on validation)" if t.keep_best else ""
+    ctx.echo(f"  {result.steps} steps in {result.seconds:.0f} s{kept}; test {_metric_name(ctx)} {metric:.4f}")
     return {"model": "model", "test_metric": metric, "steps": result.steps, "train_seconds": round(result.seconds, 2),
-            "parameters": count_parameters(model), "description": describe_config(config)}  # fmt: skip
+            "best_step": result.best_step, "parameters": count_parameters(model),
+            "description": describe_config(config)}  # fmt: skip
 
 
 def run_train_stage(ctx: RunContext, work: Path) -> dict[str, Any]:
@@ -224,7 +226,8 @@ def run_compress_stage(ctx: RunContext, work: Path) -> dict[str, Any]:
     after = count_parameters(model)
     ctx.echo(f"  pruned heads {c.prune_heads:.0%}, FFN {c.prune_ffn:.0%}: {before:,} -> {after:,} parameters")
     if c.finetune_steps:
-        kwargs = dict(batch_size=ctx.cfg.train.batch_size, lr=c.lr, seed=ctx.cfg.train.seed, progress=ctx.progress)
+        kwargs = dict(batch_size=ctx.cfg.train.batch_size, lr=c.lr, seed=ctx.cfg.train.seed, progress=ctx.progress,
+                      keep_best=ctx.cfg.train.keep_best)  # fmt: skip
         if c.teacher == "none":
             train(model, ctx.task, steps=c.finetune_steps, **kwargs)
         else:
@@ -322,7 +325,7 @@ STAGES = [
     Stage("train", run_train_stage, "train the picked model fully", depends=("train",)),
     Stage("reference", run_reference_stage, "train the reference Transformer fully", depends=("train",)),
     Stage("compress", run_compress_stage, "prune and fine-tune with distillation",
-          depends=("compress", "train.seed", "train.batch_size")),
+          depends=("compress", "train.seed", "train.batch_size", "train.keep_best")),
     Stage("export", run_export_stage, "export to ONNX (parity-checked)"),
     Stage("quantize", run_quantize_stage, "quantize", depends=("export",)),
     Stage("verify", run_verify_stage, "verify on onnxruntime: test metric and latency", depends=("verify",)),
