@@ -1,5 +1,6 @@
 import csv
 import json
+import logging
 
 import optuna
 import pytest
@@ -22,7 +23,7 @@ def settings(tmp_path, **kw):
     return SearchSettings(**{**base, **kw})
 
 
-def test_search_end_to_end_resume_and_report(tmp_path, capsys):
+def test_search_end_to_end_resume_and_report(tmp_path, capsys, caplog):
     s = settings(tmp_path, max_latency_ms=1e9)
     run_search(s, progress=False)
     study = optuna.load_study(study_name="t", storage=s.storage)
@@ -41,17 +42,23 @@ def test_search_end_to_end_resume_and_report(tmp_path, capsys):
         assert lat["p10_ms"] <= lat["median_ms"] <= lat["p90_ms"] and lat["repeats"] == 3
         assert t.values[1] == lat["median_ms"] and 0 <= t.values[0] <= 1
         assert t.user_attrs["device"]["threads"] == 1
-    # re-running the same search resumes the study and adds trials; the reference is not re-added
+    # --trials is the study's total: re-running the finished study adds nothing and says so
+    with caplog.at_level(logging.INFO, logger="xsearch.search"):
+        run_search(s, progress=False)
+    assert len(optuna.load_study(study_name="t", storage=s.storage).get_trials()) == 3
+    assert "already has 3 COMPLETE trials" in caplog.text and "nothing to add" in caplog.text
+    # a larger total resumes it up to the new total; the reference is not re-added
+    s = settings(tmp_path, max_latency_ms=1e9, trials=5)
     run_search(s, progress=False)
     trials = optuna.load_study(study_name="t", storage=s.storage).get_trials()
-    assert len(trials) == 6 and sum(bool(t.user_attrs.get("reference")) for t in trials) == 1
+    assert len(trials) == 5 and sum(bool(t.user_attrs.get("reference")) for t in trials) == 1
     # report
     out = tmp_path / "report"
     assert main(["report", "--storage", s.storage, "--study", "t", "--out", str(out)]) == 0
     assert {"pareto.html", "pareto.png", "trials.csv", "front.json"} <= {p.name for p in out.iterdir()}
     with (out / "trials.csv").open() as f:
         rows = list(csv.DictReader(f))
-    assert len(rows) == 6 and rows[0]["reference"] == "True"
+    assert len(rows) == 5 and rows[0]["reference"] == "True"
     front = json.loads((out / "front.json").read_text())["front"]
     assert front and all(xsearch.ModelConfig.from_dict(r["model_config"]) for r in front)
     assert "Pareto front" in capsys.readouterr().out
@@ -80,7 +87,7 @@ def test_failing_trial_is_recorded_and_study_goes_on(tmp_path, monkeypatch):
     s = settings(tmp_path, target="torch-cpu")
     run_search(s, progress=False)
     trials = optuna.load_study(study_name="t", storage=s.storage).get_trials()
-    assert [t.state.name for t in trials] == ["COMPLETE", "FAIL", "COMPLETE"]
+    assert [t.state.name for t in trials] == ["COMPLETE", "FAIL", "COMPLETE", "COMPLETE"]  # 3 COMPLETE in all
     assert trials[1].user_attrs["error"] == "RuntimeError: boom in trial 1"
 
 
