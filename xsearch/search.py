@@ -80,13 +80,17 @@ class SearchSettings:
         if self.pruner not in PRUNERS:
             raise ValueError(f"unknown pruner {self.pruner!r}; valid: {', '.join(PRUNERS)}")
         if self.objective == "accuracy" and self.max_latency_ms is None:
-            raise ValueError("objective 'accuracy' searches under a latency budget: give max_latency_ms")
+            raise ValueError(
+                "objective 'accuracy' searches under a latency budget: give max_latency_ms (--max-latency-ms)"
+            )
         if self.objective == "both" and self.pruner != "none":
             raise ValueError(
                 f"pruner {self.pruner!r} needs objective 'accuracy' (Optuna prunes single-objective studies only)"
             )
         if self.pruner == "median" and self.train_steps is None:
-            raise ValueError("pruner 'median' compares trials at equal training steps: give train_steps")
+            raise ValueError(
+                "pruner 'median' compares trials at equal training steps: give train_steps (--train-steps)"
+            )
         if self.heartbeat_interval < 1:
             raise ValueError(f"heartbeat_interval must be >= 1 s, got {self.heartbeat_interval}")
         if self.grace_period is not None and self.grace_period <= self.heartbeat_interval:
@@ -225,6 +229,7 @@ class Objective:
         self.cache = cache
         self.single = settings.objective == "accuracy"
         self.current: int | None = None  # the number of the trial this worker runs now (or ran last)
+        self.reference = False  # whether that trial is the reference (never pruned: the baseline of the report)
         self.seq_len = settings.seq_len or task.max_len
         if self.seq_len > task.max_len:
             raise ValueError(f"--seq-len {self.seq_len} exceeds the task's max_len={task.max_len}")
@@ -235,9 +240,11 @@ class Objective:
         if not within_total(trials, trial.number, self.s.trials):
             self._prune(trial, f"{SURPLUS}: the study already has {self.s.trials} trials complete or under way")
         trial.set_user_attr("worker", {"host": socket.gethostname(), "pid": os.getpid()})
+        me = next((t for t in trials if t.number == trial.number), None)
+        self.reference = trial.number == 0 or bool(me and me.user_attrs.get("reference"))  # (a retry copies attrs)
         if trial.number == 0:
             trial.set_user_attr("reference", True)
-        retry_of = next((t.system_attrs.get("failed_trial") for t in trials if t.number == trial.number), None)
+        retry_of = me.system_attrs.get("failed_trial") if me else None
         if retry_of is not None:  # queued again by the heartbeat check after its worker died
             trial.set_user_attr("retry_of", retry_of)
         try:
@@ -261,10 +268,10 @@ class Objective:
         n_params = xsearch.count_parameters(model)
         trial.set_user_attr("n_parameters", n_params)
         if self.s.max_params is not None:
-            self._budget(trial, "params", n_params, self.s.max_params, "parameters")
+            self._budget(trial, "params", n_params, self.s.max_params, f"{n_params} parameters")
         latency_ms = self._latency(trial, cfg, model)
         if self.s.max_latency_ms is not None:
-            self._budget(trial, "latency", latency_ms, self.s.max_latency_ms, "ms latency")
+            self._budget(trial, "latency", latency_ms, self.s.max_latency_ms, f"latency {latency_ms:.2f} ms")
         metric = self._train(trial, model)
         return metric if self.single else (metric, latency_ms)
 
@@ -286,13 +293,13 @@ class Objective:
         trial.set_user_attr("device", stats.device)
         return stats.median_ms
 
-    def _budget(self, trial: optuna.Trial, name: str, value: float, limit: float, unit: str) -> None:
-        """A budget: an Optuna constraint (two objectives), or pruning before training (single objective)."""
-        if not self.single:
+    def _budget(self, trial: optuna.Trial, name: str, value: float, limit: float, what: str) -> None:
+        """A budget: an Optuna constraint (two objectives, and the reference), else pruning before training."""
+        if not self.single or self.reference:
             trial.set_constraint(name, value - limit)
         elif value > limit:
             trial.set_user_attr("train_steps", 0)
-            self._prune(trial, f"over budget: {value:.6g} {unit} > {limit:.6g}")
+            self._prune(trial, f"over budget: {what} > {limit:g}")
 
     def _prune(self, trial: optuna.Trial, reason: str) -> None:
         trial.set_user_attr("pruned", reason)
@@ -307,7 +314,7 @@ class Objective:
 
         def report(step: int, record: dict[str, Any]) -> None:
             trial.report(record["valid"], step)
-            if trial.should_prune():
+            if not self.reference and trial.should_prune():
                 trial.set_user_attr("train_steps", step)
                 trial.set_user_attr("train_seconds", round(time.perf_counter() - start, 2))
                 self._prune(trial, f"stopped early at step {step}: {metric_key} {record['valid']:.4f}")
