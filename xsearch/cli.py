@@ -326,6 +326,7 @@ def cmd_spaces(args: argparse.Namespace) -> int:
 def cmd_search(args: argparse.Namespace) -> int:
     from xsearch.search import SearchSettings, run_search
     from xsearch.search_spaces import load_space
+    from xsearch.storage import storage_kind
 
     if args.train_steps is not None and args.train_seconds is not None:
         raise UsageError("search: give --train-steps or --train-seconds, not both")
@@ -354,7 +355,8 @@ def cmd_search(args: argparse.Namespace) -> int:
         heartbeat_interval=args.heartbeat_interval,
         grace_period=args.grace_period,
     )
-    load_space(args.space)  # a bad space fails before the task is built
+    load_space(args.space)  # a bad space or storage URL fails before the task is built
+    storage_kind(args.storage)
     study = run_search(settings, progress=not args.quiet)
     return _print_front(study)
 

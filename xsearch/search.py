@@ -141,35 +141,43 @@ def make_pruner(settings: SearchSettings) -> optuna.pruners.BasePruner:
     return optuna.pruners.NopPruner()
 
 
-class ReferenceFirstSampler(optuna.samplers.BaseSampler):
-    """Samples trial 0 as the reference Transformer and delegates every other trial to ``base``.
+class PerTrialSampler(optuna.samplers.BaseSampler):
+    """Trial 0 samples the reference Transformer; every other trial a fresh base sampler seeded with its number.
 
-    Trial numbers are unique, so however many workers start on an empty study at once, exactly one
-    trial is the reference (an ``enqueue_trial`` by each of them would queue it several times).
+    Trial numbers are unique, so however many workers start on an empty study at once, exactly one trial is
+    the reference (an ``enqueue_trial`` by each of them would queue it several times); and workers that share
+    a seed still draw different candidates, while one worker's study stays reproducible. The base samplers
+    keep no state between trials beyond their random generator: they read the history from the storage.
     """
 
-    def __init__(self, base: optuna.samplers.BaseSampler, reference: dict[str, Any]) -> None:
-        self.base, self.reference = base, reference
-
-    def infer_relative_search_space(self, study, trial):
-        return {} if trial.number == 0 else self.base.infer_relative_search_space(study, trial)
-
-    def sample_relative(self, study, trial, search_space):
-        return {} if trial.number == 0 else self.base.sample_relative(study, trial, search_space)
-
-    def sample_independent(self, study, trial, param_name, param_distribution):
-        if trial.number == 0 and param_name in self.reference:
-            return self.reference[param_name]
-        return self.base.sample_independent(study, trial, param_name, param_distribution)
+    def __init__(self, make_base, reference: dict[str, Any] | None = None) -> None:
+        """``make_base(trial_number)`` builds the sampler of one trial; ``reference``: trial 0's parameters."""
+        self.make_base, self.reference = make_base, reference or {}
+        self.base = make_base(0)
 
     def before_trial(self, study, trial) -> None:
+        self.base = self.make_base(trial.number)
         self.base.before_trial(study, trial)
+
+    def infer_relative_search_space(self, study, trial):
+        return {} if self._is_reference(trial) else self.base.infer_relative_search_space(study, trial)
+
+    def sample_relative(self, study, trial, search_space):
+        return {} if self._is_reference(trial) else self.base.sample_relative(study, trial, search_space)
+
+    def sample_independent(self, study, trial, param_name, param_distribution):
+        if self._is_reference(trial) and param_name in self.reference:
+            return self.reference[param_name]
+        return self.base.sample_independent(study, trial, param_name, param_distribution)
 
     def after_trial(self, study, trial, state, values) -> None:
         self.base.after_trial(study, trial, state, values)
 
     def reseed_rng(self) -> None:
         self.base.reseed_rng()
+
+    def _is_reference(self, trial) -> bool:
+        return trial.number == 0 and bool(self.reference)
 
 
 def study_directions(settings: SearchSettings, task_kind: str) -> list[str]:
@@ -193,9 +201,8 @@ def open_study(
     storage = open_storage(
         settings.storage, heartbeat_interval=settings.heartbeat_interval, grace_period=settings.grace_period
     )
-    sampler = make_sampler(settings.sampler, settings.seed, settings.trials)
-    if reference_params:
-        sampler = ReferenceFirstSampler(sampler, reference_params)
+    name, seed, trials = settings.sampler, settings.seed, settings.trials
+    sampler = PerTrialSampler(lambda number: make_sampler(name, seed + number, trials), reference_params)
     study = optuna.create_study(
         storage=storage,
         study_name=settings.study,

@@ -13,11 +13,13 @@ again), they wait and look again.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 import warnings
 from collections import Counter
 from collections.abc import Callable, Sequence
+from datetime import datetime
 
 import optuna
 from optuna.trial import TrialState
@@ -39,11 +41,26 @@ def within_total(trials: Sequence[optuna.trial.FrozenTrial], number: int, total:
     return sum(1 for t in trials if t.number < number and t.state in ALIVE) < total
 
 
-def fail_stale(study: optuna.Study) -> None:
-    """Fail running trials whose heartbeat stopped (and queue their retry); a no-op without heartbeats."""
+def fail_stale(study: optuna.Study, *, orphan_after_s: float = 300.0) -> None:
+    """Fail running trials whose heartbeat stopped and queue their retry (storages with heartbeats).
+
+    Also fails trials left RUNNING by a killed search from before heartbeats (no ``worker`` attribute,
+    started more than ``orphan_after_s`` ago): nothing would ever end them, and they would hold a place in
+    the study's total.
+    """
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         optuna.storages.fail_stale_trials(study)
+    now = datetime.now()
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        if (
+            "worker" not in t.user_attrs
+            and t.datetime_start
+            and (now - t.datetime_start).total_seconds() > orphan_after_s
+        ):
+            with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError, ValueError):
+                study.tell(t.number, state=TrialState.FAIL)
+                log.warning("trial %d: left RUNNING by an earlier search without heartbeats; marked FAIL", t.number)
 
 
 def run_until_total(
@@ -91,7 +108,12 @@ def run_until_total(
                 waiting_said = True
             time.sleep(poll_s)
             continue
-        waiting_said = False
+        if waiting_said:
+            # Room appeared while waiting: often a stale trial another worker has just failed, and whose retry
+            # it is about to queue. Let the retry land first, so that it is the trial that runs.
+            waiting_said = False
+            time.sleep(poll_s)
+            continue
         try:
             study.optimize(objective, n_trials=1, catch=(Exception,), callbacks=list(callbacks), gc_after_trial=True)
         except Exception:
