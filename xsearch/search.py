@@ -153,31 +153,42 @@ class PerTrialSampler(optuna.samplers.BaseSampler):
     def __init__(self, make_base, reference: dict[str, Any] | None = None) -> None:
         """``make_base(trial_number)`` builds the sampler of one trial; ``reference``: trial 0's parameters."""
         self.make_base, self.reference = make_base, reference or {}
-        self.base = make_base(0)
+        self._bases: dict[int, optuna.samplers.BaseSampler] = {}  # trials asked and not yet told
+
+    def _base(self, trial) -> optuna.samplers.BaseSampler:
+        if trial.number not in self._bases:
+            self._bases[trial.number] = self.make_base(trial.number)
+        return self._bases[trial.number]
 
     def before_trial(self, study, trial) -> None:
-        self.base = self.make_base(trial.number)
-        self.base.before_trial(study, trial)
+        self._base(trial).before_trial(study, trial)
 
     def infer_relative_search_space(self, study, trial):
-        return {} if self._is_reference(trial) else self.base.infer_relative_search_space(study, trial)
+        return {} if self._is_reference(trial) else self._base(trial).infer_relative_search_space(study, trial)
 
     def sample_relative(self, study, trial, search_space):
-        return {} if self._is_reference(trial) else self.base.sample_relative(study, trial, search_space)
+        return {} if self._is_reference(trial) else self._base(trial).sample_relative(study, trial, search_space)
 
     def sample_independent(self, study, trial, param_name, param_distribution):
         if self._is_reference(trial) and param_name in self.reference:
             return self.reference[param_name]
-        return self.base.sample_independent(study, trial, param_name, param_distribution)
+        return self._base(trial).sample_independent(study, trial, param_name, param_distribution)
 
     def after_trial(self, study, trial, state, values) -> None:
-        self.base.after_trial(study, trial, state, values)
+        self._base(trial).after_trial(study, trial, state, values)
+        self._bases.pop(trial.number, None)
 
     def reseed_rng(self) -> None:
-        self.base.reseed_rng()
+        for base in self._bases.values():
+            base.reseed_rng()
 
     def _is_reference(self, trial) -> bool:
         return trial.number == 0 and bool(self.reference)
+
+
+def trial_seed(seed: int, number: int) -> int:
+    """The seed of trial ``number``'s sampler in a study searched with ``seed`` (distinct seeds: unrelated streams)."""
+    return (seed * 1_000_003 + number) % 2**32
 
 
 def study_directions(settings: SearchSettings, task_kind: str) -> list[str]:
@@ -202,7 +213,7 @@ def open_study(
         settings.storage, heartbeat_interval=settings.heartbeat_interval, grace_period=settings.grace_period
     )
     name, seed, trials = settings.sampler, settings.seed, settings.trials
-    sampler = PerTrialSampler(lambda number: make_sampler(name, seed + number, trials), reference_params)
+    sampler = PerTrialSampler(lambda number: make_sampler(name, trial_seed(seed, number), trials), reference_params)
     study = optuna.create_study(
         storage=storage,
         study_name=settings.study,
