@@ -121,6 +121,7 @@ def make_sampler(name: str, seed: int, trials: int) -> optuna.samplers.BaseSampl
 
 
 def metric_name(task_kind: str) -> str:
+    """The task metric's name: ``"accuracy"``, or ``"bits_per_byte"`` for ``lm``."""
     return "bits_per_byte" if task_kind == "lm" else "accuracy"
 
 
@@ -192,6 +193,7 @@ def trial_seed(seed: int, number: int) -> int:
 
 
 def study_directions(settings: SearchSettings, task_kind: str) -> list[str]:
+    """``[metric]`` for ``objective="accuracy"``, ``[metric, latency]`` for ``"both"``."""
     metric = "minimize" if task_kind == "lm" else "maximize"
     return [metric] if settings.objective == "accuracy" else [metric, "minimize"]
 
@@ -371,6 +373,7 @@ def is_feasible(t: optuna.trial.FrozenTrial) -> bool:
 
 
 def metric_is_maximized(study: optuna.Study) -> bool:
+    """Whether the study's task metric (its first objective) is maximized (accuracy) or minimized (bits per byte)."""
     return study.directions[0] == optuna.study.StudyDirection.MAXIMIZE
 
 

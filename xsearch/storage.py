@@ -17,6 +17,7 @@ the trial's system attributes, so the machines' clocks must agree to well within
 from __future__ import annotations
 
 import contextlib
+import random
 import re
 import time
 import warnings
@@ -105,9 +106,7 @@ def open_storage(url: str, *, heartbeat_interval: int | None = None, grace_perio
         Path(url[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
     engine_kwargs = {"connect_args": {"connect_timeout": CONNECT_TIMEOUT_S}} if kind == "postgresql" else None
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            return RDBStorage(_rdb_url(url), engine_kwargs=engine_kwargs, **beat)
+        return _rdb_storage(_rdb_url(url), engine_kwargs, beat)
     except ImportError as e:
         raise ValueError(f"storage {mask_url(url)!r}: its database driver is not installed ({e})") from None
     except Exception as e:  # sqlalchemy's OperationalError & co: one line, no SQL, no password
@@ -116,6 +115,22 @@ def open_storage(url: str, *, heartbeat_interval: int | None = None, grace_perio
         if password and password.group(1):
             reason = reason.replace(password.group(1), "***")
         raise ValueError(f"cannot open storage {mask_url(url)!r}: {reason}") from None
+
+
+def _rdb_storage(url: str, engine_kwargs: dict | None, beat: dict, attempts: int = 5) -> RDBStorage:
+    """``RDBStorage``, trying again when workers that start together race to create the tables of a new database."""
+    import sqlalchemy.exc
+
+    for attempt in range(attempts):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                return RDBStorage(url, engine_kwargs=engine_kwargs, **beat)
+        except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError):
+            if attempt == attempts - 1:
+                raise
+            time.sleep(0.2 + random.random())
+    raise AssertionError("unreachable")
 
 
 class JournalHeartbeatStorage(JournalStorage, BaseHeartbeat):
