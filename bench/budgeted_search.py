@@ -9,11 +9,13 @@ Both searches run on the same ListOps task, search space, target, latency budget
   is pruned before any training step, and weak candidates are stopped at a validation report.
 
 The latency budget is a fraction of the reference Transformer's latency measured here first (so the same
-command makes sense on any machine). Each search measures latencies itself (no shared cache), so wall times
-compare. "steps to match" is the cumulative number of training steps (in trial order) after which the search
-had found a candidate within the budget at least as accurate as the two-objective search's best.
+command makes sense on any machine). The two searches share one latency cache, so an architecture both
+sample is over or under the budget in both; the budgeted search runs first, so the two-objective search
+saves the measurements in wall time (the comparison of wall times is conservative). "steps to match" is the
+cumulative number of training steps (in trial order) after which a search had found a candidate within the
+budget at least as accurate as the two-objective search's best.
 
-    python bench/budgeted_search.py [--trials 12] [--train-steps 200] [--budget-frac 0.6] [--space tiny]
+    python bench/budgeted_search.py [--trials 12] [--train-steps 200] [--budget-frac 0.4] [--space tiny]
 """
 
 from __future__ import annotations
@@ -68,7 +70,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--trials", type=int, default=12, help="COMPLETE trials in each study")
     p.add_argument("--train-steps", type=int, default=200, help="training steps per trial")
-    p.add_argument("--budget-frac", type=float, default=0.6, help="latency budget / the reference's latency")
+    p.add_argument("--budget-frac", type=float, default=0.4, help="latency budget / the reference's latency")
     p.add_argument("--space", default="tiny")
     p.add_argument("--target", default="ort-cpu")
     p.add_argument("--seed", type=int, default=0)
@@ -86,12 +88,12 @@ def main() -> int:
           f"{args.trials} COMPLETE trials of {args.train_steps} steps each, seed {args.seed}")  # fmt: skip
     rows = {}
     with tempfile.TemporaryDirectory() as d:
-        for objective in ("both", "accuracy"):
+        for objective in ("accuracy", "both"):
             settings = SearchSettings(
                 task="listops", task_options=TASK_OPTIONS, space=args.space, target=args.target,
                 trials=args.trials, storage=f"sqlite:///{d}/bench.db", study=objective, max_latency_ms=budget,
                 train_steps=args.train_steps, train_seconds=None, seed=args.seed, threads=THREADS,
-                latency_cache=None, objective=objective,
+                latency_cache=f"{d}/latency.jsonl", objective=objective,
             )  # fmt: skip
             start = time.perf_counter()
             study = run_search(settings, progress=False)
@@ -102,7 +104,8 @@ def main() -> int:
     print("| search | trials sampled | COMPLETE | pruned over budget | stopped early | training steps "
           "| best valid accuracy within budget | steps to match | wall s |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|---|")
-    for objective, (study, wall) in rows.items():
+    for objective in ("both", "accuracy"):
+        study, wall = rows[objective]
         r = summarize(study, budget, target)
         name = "two objectives (both)" if objective == "both" else "accuracy + Hyperband"
         match = "never" if r["reached"] is None else f"{r['reached']}"
