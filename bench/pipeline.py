@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from xsearch.pipeline import load_pipeline_config, run_pipeline
     from xsearch.pipeline.summary import print_summary, summary_markdown
-    from xsearch.search import describe_trial, reference_trial
+    from xsearch.search import describe_trial, reference_trial, trial_latency_ms, trial_metric
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--name", default="bench-lo1024")
@@ -73,14 +73,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     ref = reference_trial(study)
     done = [t for t in study.get_trials(deepcopy=False) if t.state == optuna.trial.TrialState.COMPLETE]
-    fast = [t for t in done if ref.values[1] / t.values[1] >= args.min_speedup]
-    best = max(fast, key=lambda t: t.values[0], default=None)
+    fast = [t for t in done if trial_latency_ms(ref) / trial_latency_ms(t) >= args.min_speedup]
+    best = max(fast, key=lambda t: trial_metric(t), default=None)
     print(f"\n## Search ({len(done)} complete trials, ListOps max_len {args.max_len}, {args.search_steps} steps each)")
     print("| trial | architecture | valid accuracy | latency ms | speedup | delta |\n|---|---|---|---|---|---|")
     for t in [ref] + ([best] if best else []):
         label = f"{t.number} (reference)" if t is ref else str(t.number)
-        speedup, delta = ref.values[1] / t.values[1], 100 * (t.values[0] - ref.values[0])
-        print(f"| {label} | {describe_trial(t)} | {t.values[0]:.4f} | {t.values[1]:.2f} | {speedup:.2f}x | "
+        speedup, delta = trial_latency_ms(ref) / trial_latency_ms(t), 100 * (trial_metric(t) - trial_metric(ref))
+        print(f"| {label} | {describe_trial(t)} | {trial_metric(t):.4f} | {trial_latency_ms(t):.2f} | {speedup:.2f}x | "
               f"{delta:+.1f} pts |")  # fmt: skip
     if best is None:
         print(f"no trial at least {args.min_speedup}x faster than the reference")
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     print_summary(summary)
     v = summary["shipped_vs_reference"]
     verdict = {
-        "search_ok": best is not None and 100 * (best.values[0] - ref.values[0]) >= -1.0,
+        "search_ok": best is not None and 100 * (trial_metric(best) - trial_metric(ref)) >= -1.0,
         "pipeline_ok": v["speedup"] >= 5 and v["smaller"] >= 3.7 and v["metric_delta_points"] >= -1.0,
     }
     print(json.dumps(verdict))

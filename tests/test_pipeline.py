@@ -236,7 +236,7 @@ def test_killed_run_resumes_without_redoing_or_touching_finished_stages(tmp_path
     # 1. kill -9 in the middle of a search trial, after another one has completed
     proc = _start(tmp_path)
     _wait(proc, lambda: (ts := _trials(db)) and any(t.state == TrialState.COMPLETE for t in ts)
-          and ts[-1].state == TrialState.RUNNING)  # fmt: skip
+          and ts[-1].state == TrialState.RUNNING and "model_config" in ts[-1].user_attrs)  # fmt: skip
     _kill(proc)
     done_before = {t.number: t.values for t in _trials(db) if t.state == TrialState.COMPLETE}
 

@@ -1,5 +1,6 @@
 import csv
 import json
+import logging
 
 import optuna
 import pytest
@@ -8,7 +9,7 @@ import xsearch
 from xsearch.cli import main
 from xsearch.latency import measure
 from xsearch.report import pick
-from xsearch.search import Objective, SearchSettings, pareto_front, run_search
+from xsearch.search import Objective, SearchSettings, is_feasible, pareto_front, run_search
 
 TASK_OPTS = {"n_train": 64, "n_valid": 32, "n_test": 16, "min_len": 16, "max_len": 64, "max_depth": 4}
 
@@ -22,7 +23,7 @@ def settings(tmp_path, **kw):
     return SearchSettings(**{**base, **kw})
 
 
-def test_search_end_to_end_resume_and_report(tmp_path, capsys):
+def test_search_end_to_end_resume_and_report(tmp_path, capsys, caplog):
     s = settings(tmp_path, max_latency_ms=1e9)
     run_search(s, progress=False)
     study = optuna.load_study(study_name="t", storage=s.storage)
@@ -41,17 +42,23 @@ def test_search_end_to_end_resume_and_report(tmp_path, capsys):
         assert lat["p10_ms"] <= lat["median_ms"] <= lat["p90_ms"] and lat["repeats"] == 3
         assert t.values[1] == lat["median_ms"] and 0 <= t.values[0] <= 1
         assert t.user_attrs["device"]["threads"] == 1
-    # re-running the same search resumes the study and adds trials; the reference is not re-added
+    # --trials is the study's total: re-running the finished study adds nothing and says so
+    with caplog.at_level(logging.INFO, logger="xsearch.search"):
+        run_search(s, progress=False)
+    assert len(optuna.load_study(study_name="t", storage=s.storage).get_trials()) == 3
+    assert "already has 3 COMPLETE trials" in caplog.text and "nothing to add" in caplog.text
+    # a larger total resumes it up to the new total; the reference is not re-added
+    s = settings(tmp_path, max_latency_ms=1e9, trials=5)
     run_search(s, progress=False)
     trials = optuna.load_study(study_name="t", storage=s.storage).get_trials()
-    assert len(trials) == 6 and sum(bool(t.user_attrs.get("reference")) for t in trials) == 1
+    assert len(trials) == 5 and sum(bool(t.user_attrs.get("reference")) for t in trials) == 1
     # report
     out = tmp_path / "report"
     assert main(["report", "--storage", s.storage, "--study", "t", "--out", str(out)]) == 0
     assert {"pareto.html", "pareto.png", "trials.csv", "front.json"} <= {p.name for p in out.iterdir()}
     with (out / "trials.csv").open() as f:
         rows = list(csv.DictReader(f))
-    assert len(rows) == 6 and rows[0]["reference"] == "True"
+    assert len(rows) == 5 and rows[0]["reference"] == "True"
     front = json.loads((out / "front.json").read_text())["front"]
     assert front and all(xsearch.ModelConfig.from_dict(r["model_config"]) for r in front)
     assert "Pareto front" in capsys.readouterr().out
@@ -80,7 +87,7 @@ def test_failing_trial_is_recorded_and_study_goes_on(tmp_path, monkeypatch):
     s = settings(tmp_path, target="torch-cpu")
     run_search(s, progress=False)
     trials = optuna.load_study(study_name="t", storage=s.storage).get_trials()
-    assert [t.state.name for t in trials] == ["COMPLETE", "FAIL", "COMPLETE"]
+    assert [t.state.name for t in trials] == ["COMPLETE", "FAIL", "COMPLETE", "COMPLETE"]  # 3 COMPLETE in all
     assert trials[1].user_attrs["error"] == "RuntimeError: boom in trial 1"
 
 
@@ -124,3 +131,105 @@ def test_measure_statistics_and_errors(tmp_path):
 def test_cli_errors(tmp_path):
     assert main(["search", "--task", "listops", "--space", "nope", "--trials", "1"]) == 2
     assert main(["report", "--storage", f"sqlite:///{tmp_path}/x.db", "--study", "nope", "--out", str(tmp_path)]) == 2
+
+
+def fake_latency(monkeypatch):
+    """Latency that grows with the model (deterministic): d_model * n_layers / 64 ms (the reference: 2 ms)."""
+    from xsearch.latency import LatencyStats
+
+    def measure(model, target, **kw):
+        ms = model.config.d_model * model.config.n_layers / 64
+        return LatencyStats(ms, ms, ms, ms, 0.0, 1, target, {"threads": kw.get("threads")})
+
+    monkeypatch.setattr("xsearch.latency.measure", measure)
+
+
+def test_budgeted_search_prunes_over_budget_before_training_and_stops_weak_trials_early(tmp_path, monkeypatch, capsys):
+    fake_latency(monkeypatch)
+    should_prune = optuna.trial.Trial.should_prune
+    forced = []  # the first trial that trains after the reference is stopped at its first report
+
+    def prune_once(t):
+        if t.number > 0 and (not forced or forced == [t.number]):
+            forced[:] = [t.number]
+            return True
+        return should_prune(t)
+
+    monkeypatch.setattr(optuna.trial.Trial, "should_prune", prune_once)
+    s = settings(tmp_path, objective="accuracy", max_latency_ms=0.6, trials=3, train_steps=16, sampler="random")
+    assert s.pruner == "hyperband"
+    study = run_search(s, progress=False)
+    assert [d.name for d in study.directions] == ["MAXIMIZE"]
+    trials = study.get_trials()
+    assert sum(t.state.name == "COMPLETE" for t in trials) == 3
+    ref = trials[0]
+    # the reference (2 ms) is never pruned: trained fully, kept off the front and out of pick as over budget
+    assert ref.user_attrs["reference"] and ref.state.name == "COMPLETE" and not is_feasible(ref)
+    assert ref.user_attrs["train_steps"] == 16
+    for t in trials:
+        lat = t.user_attrs["latency"]["median_ms"]
+        if t.state.name == "PRUNED" and t.user_attrs["pruned"].startswith("over budget"):
+            assert lat > 0.6 and t.user_attrs["train_steps"] == 0 and not t.intermediate_values
+        elif t.state.name == "PRUNED":  # stopped early, by the forced decision or by Hyperband itself
+            steps = t.user_attrs["train_steps"]
+            assert 0 < steps < 16 and max(t.intermediate_values) == steps and t.number > 0
+            assert t.user_attrs["pruned"].startswith(f"stopped early at step {steps}")
+        else:
+            assert t.state.name == "COMPLETE" and (lat <= 0.6 or t.number == 0)
+            assert list(t.intermediate_values) == [2, 4, 6, 8, 10, 12, 14, 16]  # a report every 16 // 8 steps
+            assert t.user_attrs["train_steps"] == 16 and t.value == t.user_attrs["accuracy"]
+    assert any(t.user_attrs.get("pruned", "").startswith("over budget") for t in trials)
+    assert trials[forced[0]].user_attrs["pruned"] == "stopped early at step 2: accuracy " + (
+        f"{trials[forced[0]].intermediate_values[2]:.4f}"
+    )
+    early = sum(t.user_attrs.get("pruned", "").startswith("stopped") for t in trials)
+    # pick and report read single-objective studies too
+    best = pick(study)
+    assert best.number != 0 and best.user_attrs["latency"]["median_ms"] <= 0.6
+    assert best.value == max(t.value for t in trials if t.state.name == "COMPLETE" and t.number != 0)
+    cfg_path = tmp_path / "picked.json"
+    assert main(["pick", "--storage", s.storage, "--study", "t", "--out", str(cfg_path)]) == 0
+    doc = json.loads(cfg_path.read_text())
+    assert doc["trial"] == best.number and doc["latency_ms"] == best.user_attrs["latency"]["median_ms"]
+    out = tmp_path / "report"
+    assert main(["report", "--storage", s.storage, "--study", "t", "--out", str(out)]) == 0
+    front = json.loads((out / "front.json").read_text())["front"]
+    assert best.number in [r["number"] for r in front] and 0 not in [r["number"] for r in front]
+    with (out / "trials.csv").open() as f:
+        rows = {int(r["number"]): r for r in csv.DictReader(f)}
+    assert rows[forced[0]]["pruned"].startswith("stopped early") and rows[forced[0]]["metric"] == ""
+    printed = capsys.readouterr().out
+    assert f"over budget before training, {early} stopped early" in printed and "Pareto front" in printed
+    # a study keeps its kind: resuming it as a two-objective search is an error that says so
+    with pytest.raises(ValueError, match="single-objective"):
+        run_search(settings(tmp_path, max_latency_ms=1.0, trials=4), progress=False)
+
+
+def test_budgeted_search_settings_errors(tmp_path):
+    with pytest.raises(ValueError, match="max_latency_ms"):
+        settings(tmp_path, objective="accuracy")
+    with pytest.raises(ValueError, match="needs objective 'accuracy'"):
+        settings(tmp_path, pruner="hyperband")
+    with pytest.raises(ValueError, match="equal training steps"):
+        settings(tmp_path, objective="accuracy", max_latency_ms=1.0, pruner="median", train_steps=None,
+                 train_seconds=1.0)  # fmt: skip
+    with pytest.raises(ValueError, match="unknown objective 'speed'"):
+        settings(tmp_path, objective="speed")
+    assert main(["search", "--task", "listops", "--space", "tiny", "--objective", "accuracy"]) == 2
+
+
+def test_trial_zero_is_the_reference_and_workers_with_one_seed_draw_different_candidates(tmp_path):
+    from xsearch.search import PerTrialSampler, make_sampler
+
+    url = f"sqlite:///{tmp_path}/w.db"
+    workers = [
+        optuna.create_study(storage=url, study_name="w", load_if_exists=True,
+                            sampler=PerTrialSampler(lambda n: make_sampler("tpe", 0 + n, 10), {"x": 0.5}))
+        for _ in range(2)
+    ]  # fmt: skip
+    asked = [workers[i % 2].ask() for i in range(4)]  # both "workers" start trials at the same time
+    xs = [t.suggest_float("x", 0.0, 1.0) for t in asked]
+    assert xs[0] == 0.5 and len(set(xs)) == 4
+    # the same seed and trial number draw the same candidate: one worker's study is reproducible
+    again = optuna.create_study(sampler=PerTrialSampler(lambda n: make_sampler("tpe", 0 + n, 10), {"x": 0.5}))
+    assert [again.ask().suggest_float("x", 0.0, 1.0) for _ in range(4)] == xs

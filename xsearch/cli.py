@@ -328,6 +328,7 @@ def cmd_spaces(args: argparse.Namespace) -> int:
 def cmd_search(args: argparse.Namespace) -> int:
     from xsearch.search import SearchSettings, run_search
     from xsearch.search_spaces import load_space
+    from xsearch.storage import storage_kind
 
     if args.train_steps is not None and args.train_seconds is not None:
         raise UsageError("search: give --train-steps or --train-seconds, not both")
@@ -351,14 +352,19 @@ def cmd_search(args: argparse.Namespace) -> int:
         lr=args.lr,
         sampler=args.sampler,
         seed=args.seed,
+        objective=args.objective,
+        pruner=args.pruner,
+        heartbeat_interval=args.heartbeat_interval,
+        grace_period=args.grace_period,
     )
-    load_space(args.space)  # a bad space fails before the task is built
+    load_space(args.space)  # a bad space or storage URL fails before the task is built
+    storage_kind(args.storage)
     study = run_search(settings, progress=not args.quiet)
     return _print_front(study)
 
 
 def _print_front(study) -> int:
-    from xsearch.search import describe_trial, pareto_front, reference_trial
+    from xsearch.search import describe_trial, pareto_front, reference_trial, trial_latency_ms, trial_metric
 
     ref = reference_trial(study)
     front = pareto_front(study)
@@ -367,20 +373,32 @@ def _print_front(study) -> int:
     for t in study.get_trials(deepcopy=False):
         states[t.state.name] = states.get(t.state.name, 0) + 1
     print(f"study {study.study_name!r}: " + ", ".join(f"{v} {k}" for k, v in sorted(states.items())))
+    _print_pruning(study)
     if not front:
         print("no feasible completed trial yet")
         return 0
     print(f"Pareto front ({len(front)} trials), against the reference Transformer:")
     print(f"  {'#':>4s}  {metric:>13s}  {'latency ms':>10s}  {'speedup':>8s}  {'delta':>8s}  architecture")
     for t in front:
-        speed = f"{ref.values[1] / t.values[1]:.2f}x" if ref else "-"
-        delta = f"{t.values[0] - ref.values[0]:+.4f}" if ref else "-"
-        print(
-            f"  {t.number:4d}  {t.values[0]:13.4f}  {t.values[1]:10.2f}  {speed:>8s}  {delta:>8s}  {describe_trial(t)}"
-        )
+        value, lat = trial_metric(t), trial_latency_ms(t)
+        speed = f"{trial_latency_ms(ref) / lat:.2f}x" if ref else "-"
+        delta = f"{value - trial_metric(ref):+.4f}" if ref else "-"
+        print(f"  {t.number:4d}  {value:13.4f}  {lat:10.2f}  {speed:>8s}  {delta:>8s}  {describe_trial(t)}")
     if ref:
-        print(f"  reference #{ref.number}: {metric} {ref.values[0]:.4f}, {ref.values[1]:.2f} ms")
+        print(f"  reference #{ref.number}: {metric} {trial_metric(ref):.4f}, {trial_latency_ms(ref):.2f} ms")
     return 0
+
+
+def _print_pruning(study) -> None:
+    """One line on a budgeted study: trials pruned before training, stopped early, and training steps spent."""
+    trials = study.get_trials(deepcopy=False)
+    reasons = [t.user_attrs.get("pruned", "") for t in trials if t.state.name == "PRUNED"]
+    if not reasons:
+        return
+    budget = sum(r.startswith("over budget") for r in reasons)
+    early = sum(r.startswith("stopped early") for r in reasons)
+    steps = sum(int(t.user_attrs.get("train_steps") or 0) for t in trials)
+    print(f"pruned: {budget} over budget before training, {early} stopped early; {steps} training steps in all")
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -395,23 +413,24 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_pick(args: argparse.Namespace) -> int:
     from xsearch.report import load, pick
-    from xsearch.search import describe_trial
+    from xsearch.search import describe_trial, trial_latency_ms, trial_metric
     from xsearch.serialization import atomic_write_text
 
     study = load(args.storage, args.study)
     t = pick(study, args.max_latency_ms)
+    value, latency = trial_metric(t), trial_latency_ms(t)
     doc = {
         "model": t.user_attrs["model_config"],
         "trial": t.number,
         "study": study.study_name,
-        study.user_attrs.get("metric", "metric"): t.values[0],
-        "latency_ms": t.values[1],
+        study.user_attrs.get("metric", "metric"): value,
+        "latency_ms": latency,
         "task": study.user_attrs.get("task"),
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out, json.dumps(doc, indent=2, default=str))
-    print(f"picked trial {t.number}: {describe_trial(t)} ({t.values[0]:.4f}, {t.values[1]:.2f} ms) -> {out}")
+    print(f"picked trial {t.number}: {describe_trial(t)} ({value:.4f}, {latency:.2f} ms) -> {out}")
     return 0
 
 
@@ -627,19 +646,41 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--show", metavar="NAME", help="print one space as YAML (a starting point for your own)")
     s.set_defaults(func=cmd_spaces)
 
-    s = sub.add_parser("search", help="hardware-aware architecture search (Optuna, two objectives)")
+    s = sub.add_parser("search", help="hardware-aware architecture search (Optuna; one or many workers)")
     add_task_args(s, required=True)
     s.add_argument("--space", default="default", help="a shipped space (xsearch spaces) or a .yaml path")
     s.add_argument("--target", default="ort-cpu", choices=["ort-cpu", "torch-cpu", "torch-cuda", "ort-cuda"])
-    s.add_argument("--trials", type=int, default=20, help="trials to run in this invocation")
+    s.add_argument("--trials", type=int, default=20, help="COMPLETE trials the study ends with (all workers together)")
     s.add_argument("--timeout", type=float, help="stop starting trials after this many seconds")
-    s.add_argument("--storage", default="sqlite:///runs/xsearch.db", help="any Optuna storage URL")
-    s.add_argument("--study", default="xsearch", help="study name (re-running resumes it)")
+    s.add_argument("--storage", default="sqlite:///runs/xsearch.db",
+                   help="sqlite:///FILE, postgresql+psycopg://USER:PASSWORD@HOST/DB, or journal:FILE")  # fmt: skip
+    s.add_argument("--study", default="xsearch", help="study name (re-running resumes it; workers share it)")
+    s.add_argument(
+        "--objective",
+        default="both",
+        choices=["both", "accuracy"],
+        help="both: accuracy and latency (Pareto front); accuracy: under --max-latency-ms, with pruning",
+    )
+    s.add_argument(
+        "--pruner",
+        choices=["hyperband", "median", "none"],
+        help="stops weak trials early (--objective accuracy; default hyperband)",
+    )
+    s.add_argument("--heartbeat-interval", type=int, default=10, help="seconds between a running trial's heartbeats")
+    s.add_argument(
+        "--grace-period",
+        type=int,
+        help="seconds without a heartbeat before a trial is failed and retried (default 3 intervals)",
+    )
     s.add_argument("--seq-len", type=int, help="length at which latency is measured (default: task max_len)")
     s.add_argument("--batch", type=int, default=1, help="batch size at which latency is measured")
     s.add_argument("--threads", type=int, default=2, help="threads for latency measurement")
-    s.add_argument("--max-latency-ms", type=float, help="latency budget (an Optuna constraint)")
-    s.add_argument("--max-params", type=int, help="parameter budget (an Optuna constraint)")
+    s.add_argument(
+        "--max-latency-ms",
+        type=float,
+        help="latency budget (a constraint; with --objective accuracy, over-budget trials are pruned)",
+    )
+    s.add_argument("--max-params", type=int, help="parameter budget (like --max-latency-ms)")
     g = s.add_mutually_exclusive_group()
     g.add_argument("--train-steps", type=int, help="training steps per trial")
     g.add_argument("--train-seconds", type=float, help="training seconds per trial (default 30)")

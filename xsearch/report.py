@@ -10,28 +10,41 @@ from typing import Any
 
 import optuna
 
-from xsearch.search import describe_trial, is_feasible, pareto_front, reference_trial
+from xsearch.search import (
+    describe_trial,
+    is_feasible,
+    metric_is_maximized,
+    pareto_front,
+    reference_trial,
+    trial_latency_ms,
+    trial_metric,
+)
 from xsearch.serialization import atomic_write_text
+from xsearch.storage import mask_url, open_storage
 
 
 def load(storage: str, study: str) -> optuna.Study:
-    """Load an existing study, with a clear error when it does not exist."""
+    """Load an existing study (of either kind), with a clear error when it does not exist."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    backend = open_storage(storage)
     try:
-        return optuna.load_study(study_name=study, storage=storage)
+        return optuna.load_study(study_name=study, storage=backend)
     except KeyError:
-        names = [s.study_name for s in optuna.get_all_study_summaries(storage=storage)]
-        raise ValueError(f"no study {study!r} in {storage} (studies there: {', '.join(names) or 'none'})") from None
+        names = [s.study_name for s in optuna.get_all_study_summaries(storage=backend)]
+        raise ValueError(
+            f"no study {study!r} in {mask_url(storage)} (studies there: {', '.join(names) or 'none'})"
+        ) from None
 
 
 def _row(t: optuna.trial.FrozenTrial, ref: optuna.trial.FrozenTrial | None) -> dict[str, Any]:
     cfg = t.user_attrs.get("model_config") or {}
-    lat = (t.user_attrs.get("latency") or {}).get("median_ms")
+    lat = trial_latency_ms(t)
+    complete = t.state == optuna.trial.TrialState.COMPLETE
     row = {
         "number": t.number,
         "state": t.state.name,
         "reference": bool(t.user_attrs.get("reference")),
-        "feasible": is_feasible(t) if t.state == optuna.trial.TrialState.COMPLETE else "",
+        "feasible": is_feasible(t) if complete else "",
         "attention": cfg.get("attention", t.params.get("attention", "")),
         "attention_params": json.dumps(cfg.get("attention_params", {}), sort_keys=True),
         "d_model": cfg.get("d_model", ""),
@@ -40,17 +53,19 @@ def _row(t: optuna.trial.FrozenTrial, ref: optuna.trial.FrozenTrial | None) -> d
         "d_ff": cfg.get("d_ff", ""),
         "weight_sharing": cfg.get("weight_sharing", ""),
         "n_parameters": t.user_attrs.get("n_parameters", ""),
-        "metric": t.values[0] if t.values else "",
+        "metric": trial_metric(t) if complete else "",
         "latency_ms": lat if lat is not None else "",
         "latency_p90_ms": (t.user_attrs.get("latency") or {}).get("p90_ms", ""),
         "train_seconds": t.user_attrs.get("train_seconds", ""),
+        "train_steps": t.user_attrs.get("train_steps", ""),
         "speedup_vs_reference": "",
         "metric_delta_vs_reference": "",
+        "pruned": t.user_attrs.get("pruned", ""),
         "error": t.user_attrs.get("error", ""),
     }
-    if ref is not None and t.values:
-        row["speedup_vs_reference"] = round(ref.values[1] / t.values[1], 3)
-        row["metric_delta_vs_reference"] = round(t.values[0] - ref.values[0], 4)
+    if ref is not None and complete and lat is not None:
+        row["speedup_vs_reference"] = round(trial_latency_ms(ref) / lat, 3)
+        row["metric_delta_vs_reference"] = round(trial_metric(t) - trial_metric(ref), 4)
     return row
 
 
@@ -80,14 +95,14 @@ def write_report(study: optuna.Study, out: str | os.PathLike) -> dict[str, Any]:
     doc = {"study": study.study_name, "metric": metric, "reference": _row(ref, ref) if ref else None,
            "front": front_rows}  # fmt: skip
     atomic_write_text(out / "front.json", json.dumps(doc, indent=2, default=str))
-    complete = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
+    complete = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE and trial_latency_ms(t) is not None]
     _plot_html(complete, front, ref, metric, out / "pareto.html")
     _plot_png(complete, front, ref, metric, out / "pareto.png")
     return {"front": front_rows, "reference": doc["reference"], "metric": metric}
 
 
 def _points(trials):
-    return [t.values[1] for t in trials], [t.values[0] for t in trials]
+    return [trial_latency_ms(t) for t in trials], [trial_metric(t) for t in trials]
 
 
 def _plot_html(complete, front, ref, metric, path: Path) -> None:
@@ -110,8 +125,9 @@ def _plot_html(complete, front, ref, metric, path: Path) -> None:
             text=[f"#{t.number} {describe_trial(t)}" for t in trials], hovertemplate="%{text}<br>%{x:.2f} ms, %{y:.4f}",
         ))  # fmt: skip
     if ref is not None:
-        fig.add_trace(go.Scatter(x=[ref.values[1]], y=[ref.values[0]], mode="markers", name="reference (full)",
-                                 marker=dict(color="black", size=16, symbol="star")))  # fmt: skip
+        star = dict(color="black", size=16, symbol="star")
+        fig.add_trace(go.Scatter(x=[trial_latency_ms(ref)], y=[trial_metric(ref)], mode="markers",
+                                 name="reference (full)", marker=star))  # fmt: skip
     fig.update_layout(title="xsearch: accuracy against measured latency", xaxis_title="latency (ms, median)",
                       yaxis_title=metric, xaxis_type="log", template="plotly_white")  # fmt: skip
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
@@ -137,10 +153,11 @@ def _plot_png(complete, front, ref, metric, path: Path) -> None:
         ax.step(x, y, where="post", c="#1f5fbf", zorder=3)
         ax.scatter(x, y, c="#1f5fbf", s=45, label="Pareto front", zorder=4)
         for t in front:
-            ax.annotate(describe_trial(t).split("(")[0], (t.values[1], t.values[0]), fontsize=7,
+            ax.annotate(describe_trial(t).split("(")[0], (trial_latency_ms(t), trial_metric(t)), fontsize=7,
                         xytext=(4, 4), textcoords="offset points")  # fmt: skip
     if ref is not None:
-        ax.scatter([ref.values[1]], [ref.values[0]], c="black", marker="*", s=180, label="reference (full)", zorder=5)
+        ax.scatter([trial_latency_ms(ref)], [trial_metric(ref)], c="black", marker="*", s=180, label="reference (full)",
+                   zorder=5)  # fmt: skip
     ax.set_xscale("log")
     ax.set_xlabel("latency (ms, median)")
     ax.set_ylabel(metric)
@@ -155,15 +172,15 @@ def _plot_png(complete, front, ref, metric, path: Path) -> None:
 
 
 def pick(study: optuna.Study, max_latency_ms: float | None = None) -> optuna.trial.FrozenTrial:
-    """The best (by the task metric) feasible COMPLETE trial with latency within the budget."""
-    maximize = study.directions[0] == optuna.study.StudyDirection.MAXIMIZE
+    """The best (by the task metric) feasible COMPLETE trial with latency within the budget (either kind of study)."""
+    maximize = metric_is_maximized(study)
     cands = [
         t
         for t in study.get_trials(deepcopy=False)
-        if t.state == optuna.trial.TrialState.COMPLETE and is_feasible(t)
-        and (max_latency_ms is None or t.values[1] <= max_latency_ms)
+        if t.state == optuna.trial.TrialState.COMPLETE and is_feasible(t) and trial_latency_ms(t) is not None
+        and (max_latency_ms is None or trial_latency_ms(t) <= max_latency_ms)
     ]  # fmt: skip
     if not cands:
         budget = f" under {max_latency_ms} ms" if max_latency_ms is not None else ""
         raise ValueError(f"no feasible completed trial{budget} in study {study.study_name!r}")
-    return sorted(cands, key=lambda t: ((-1 if maximize else 1) * t.values[0], t.values[1]))[0]
+    return sorted(cands, key=lambda t: ((-1 if maximize else 1) * trial_metric(t), trial_latency_ms(t)))[0]

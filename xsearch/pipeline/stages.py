@@ -74,18 +74,23 @@ def run_search_stage(ctx: RunContext, work: Path) -> dict[str, Any]:
 
     s = ctx.cfg.search
     url = study_url(work / STUDY_FILE)
-    used = _close_interrupted_trials(url) if (work / STUDY_FILE).exists() else 0
+    used = 0
+    if (work / STUDY_FILE).exists():
+        from xsearch.search_spaces import load_space
+
+        space = load_space(s.space, causal=ctx.task.kind == "lm", max_len=ctx.task.max_len)
+        used = _close_interrupted_trials(url, space.reference_params())
     remaining = s.trials - used
     settings = SearchSettings(
         task=ctx.cfg.task.name, task_options=ctx.cfg.task.options, space=s.space, target=ctx.cfg.target,
-        trials=remaining, storage=url, study=STUDY_NAME, seq_len=s.seq_len, batch=ctx.cfg.batch,
+        trials=s.trials, storage=url, study=STUDY_NAME, seq_len=s.seq_len, batch=ctx.cfg.batch,
         threads=ctx.cfg.threads, max_latency_ms=s.max_latency_ms, max_params=s.max_params,
         train_steps=s.train_steps, train_seconds=s.train_seconds, batch_size=s.batch_size, lr=s.lr,
         sampler=s.sampler, seed=s.seed, latency_repeats=s.latency_repeats,
     )  # fmt: skip
     if remaining > 0:
         if used:
-            ctx.echo(f"  {used} of {s.trials} trials done before the interruption; running {remaining} more")
+            ctx.echo(f"  {used} of {s.trials} trials completed before the interruption; {remaining} to go")
         study = run_search(settings, progress=ctx.progress)
     else:
         study = optuna.load_study(study_name=STUDY_NAME, storage=url)
@@ -99,9 +104,9 @@ def run_search_stage(ctx: RunContext, work: Path) -> dict[str, Any]:
             "front": [t.number for t in pareto_front(study)]}  # fmt: skip
 
 
-def _close_interrupted_trials(url: str) -> int:
+def _close_interrupted_trials(url: str, reference_params: dict[str, Any]) -> int:
     """Mark trials left RUNNING by a killed run as FAIL ("interrupted") and queue their parameters again;
-    return how many trials count as done."""
+    return how many trials have completed."""
     import optuna
     from optuna.trial import TrialState
 
@@ -119,13 +124,15 @@ def _close_interrupted_trials(url: str) -> int:
             storage.set_trial_user_attr(trial_id, "error", "interrupted: the run stopped during this trial")
             storage.set_trial_state_values(trial_id, TrialState.FAIL)
             retry.append(t)
-        elif t.state.is_finished() and not t.user_attrs.get("interrupted"):
+        elif t.state == TrialState.COMPLETE:
             used += 1
     if retry:  # the same candidates again (the reference above all: the run is read against it)
         study = optuna.load_study(study_name=STUDY_NAME, storage=storage)
         for t in retry:
-            attrs = {"reference": True} if t.user_attrs.get("reference") else {}
-            study.enqueue_trial(t.params, user_attrs={**attrs, "retry_of": t.number}, skip_if_exists=False)
+            if t.number == 0 or t.user_attrs.get("reference"):
+                study.enqueue_trial(reference_params, user_attrs={"reference": True, "retry_of": t.number})
+            elif t.params:  # (a trial cut off before it drew its candidate has nothing to retry)
+                study.enqueue_trial(t.params, user_attrs={"retry_of": t.number}, skip_if_exists=False)
     storage.remove_session()
     return used
 
@@ -141,32 +148,34 @@ def run_report_stage(ctx: RunContext, work: Path) -> dict[str, Any]:
 def run_pick_stage(ctx: RunContext, work: Path) -> dict[str, Any]:
     """The most accurate feasible trial within the latency budget (absolute and/or relative to the reference)."""
     from xsearch.report import pick
-    from xsearch.search import describe_trial, is_feasible, reference_trial
+    from xsearch.search import describe_trial, is_feasible, reference_trial, trial_latency_ms, trial_metric
 
     study = ctx.study()
     ref = reference_trial(study)
+    ref_ms = trial_latency_ms(ref)
     budgets = [ctx.cfg.pick.max_latency_ms]
     if ctx.cfg.pick.min_speedup is not None:
-        budgets.append(ref.values[1] / ctx.cfg.pick.min_speedup)
+        budgets.append(ref_ms / ctx.cfg.pick.min_speedup)
     budget = min((b for b in budgets if b is not None), default=None)
     try:
         chosen = pick(study, budget)
     except ValueError:
         feasible = [t for t in study.get_trials(deepcopy=False) if t.values and is_feasible(t)]
-        fastest = min(feasible, key=lambda t: t.values[1], default=None)
-        best = f"; the fastest feasible trial takes {fastest.values[1]:.2f} ms" if fastest else ""
+        fastest = min(feasible, key=trial_latency_ms, default=None)
+        best = f"; the fastest feasible trial takes {trial_latency_ms(fastest):.2f} ms" if fastest else ""
         raise ValueError(
-            f"no trial within the pick budget of {budget:.2f} ms (reference {ref.values[1]:.2f} ms){best}: relax "
+            f"no trial within the pick budget of {budget:.2f} ms (reference {ref_ms:.2f} ms){best}: relax "
             "pick.max_latency_ms / pick.min_speedup and re-run, or raise search.trials and re-run with "
             "--redo-from search"
         ) from None
-    ctx.echo(f"  picked trial {chosen.number}: {describe_trial(chosen)} "
-             f"({chosen.values[0]:.4f}, {chosen.values[1]:.2f} ms; reference {ref.values[1]:.2f} ms)")  # fmt: skip
+    metric, latency = trial_metric(chosen), trial_latency_ms(chosen)
+    ctx.echo(f"  picked trial {chosen.number}: {describe_trial(chosen)} ({metric:.4f}, {latency:.2f} ms; "
+             f"reference {ref_ms:.2f} ms)")  # fmt: skip
     return {
-        "trial": chosen.number, "model_config": chosen.user_attrs["model_config"], "search_metric": chosen.values[0],
-        "search_latency_ms": chosen.values[1], "budget_ms": budget, "reference_trial": ref.number,
-        "reference_config": ref.user_attrs["model_config"], "reference_metric": ref.values[0],
-        "reference_latency_ms": ref.values[1],
+        "trial": chosen.number, "model_config": chosen.user_attrs["model_config"], "search_metric": metric,
+        "search_latency_ms": latency, "budget_ms": budget, "reference_trial": ref.number,
+        "reference_config": ref.user_attrs["model_config"], "reference_metric": trial_metric(ref),
+        "reference_latency_ms": ref_ms,
     }  # fmt: skip
 
 

@@ -1,0 +1,169 @@
+"""Where a study lives: storage URLs, heartbeats and the retry of a killed worker's trial.
+
+Three kinds of URL:
+
+- ``sqlite:///runs/xsearch.db``: one machine (the folder is created);
+- ``postgresql+psycopg://user:password@host:5432/db`` (``postgresql://`` means the same: the psycopg 3
+  driver ships with xsearch); ``mysql+DRIVER://...`` also works with its driver installed;
+- ``journal:PATH``: Optuna's journal file, for machines that share a file system but no database.
+
+Every storage a search opens records heartbeats: a worker's running trial whose heartbeat stops for
+longer than the grace period (the worker was killed, its machine lost) is marked FAIL by whichever
+worker looks next, and its parameters are queued again, once. Optuna's journal storage has no
+heartbeats of its own; :class:`JournalHeartbeatStorage` adds them (the heartbeat is a timestamp in
+the trial's system attributes, so the machines' clocks must agree to well within the grace period).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import re
+import time
+import warnings
+from pathlib import Path
+
+import optuna
+from optuna.storages import BaseStorage, JournalStorage, RDBStorage, RetryHeartbeatStaleTrialCallback
+from optuna.storages._heartbeat import BaseHeartbeat  # the interface Optuna's optimize loop checks for
+from optuna.storages.journal import JournalFileBackend
+from optuna.trial import TrialState
+
+RDB_SCHEMES = ("sqlite", "postgresql", "postgres", "mysql")
+JOURNAL_PREFIX = "journal:"
+HEARTBEAT_ATTR = "xsearch:heartbeat:"  # + trial id: a retried trial (a copy of the attrs) never inherits it
+CONNECT_TIMEOUT_S = 10
+
+
+def mask_url(url: str) -> str:
+    """``url`` with its password replaced by ``***`` (for messages)."""
+    return re.sub(r"(://[^:/@]+:)[^@]*@", r"\1***@", url)
+
+
+def storage_kind(url: str) -> str:
+    """``"sqlite"``, ``"postgresql"``, ``"mysql"`` or ``"journal"``.
+
+    Raises:
+        ValueError: an unknown scheme, naming the URL (password hidden).
+    """
+    if url.startswith(JOURNAL_PREFIX):
+        if not url[len(JOURNAL_PREFIX) :].strip():
+            raise ValueError(f"storage {url!r}: give a file after 'journal:', e.g. journal:./runs/study.log")
+        return "journal"
+    scheme = url.split("://", 1)[0].split("+", 1)[0] if "://" in url else ""
+    if scheme not in RDB_SCHEMES:
+        raise ValueError(
+            f"unknown storage {mask_url(url)!r}: use sqlite:///FILE, postgresql+psycopg://USER:PASSWORD@HOST/DB "
+            "or journal:FILE"
+        )
+    return "postgresql" if scheme == "postgres" else scheme
+
+
+def _rdb_url(url: str) -> str:
+    """A bare ``postgresql://`` (SQLAlchemy's default driver is psycopg2) goes through psycopg 3."""
+    return re.sub(r"^postgres(ql)?://", "postgresql+psycopg://", url)
+
+
+def open_storage(url: str, *, heartbeat_interval: int | None = None, grace_period: int | None = None) -> BaseStorage:
+    """The Optuna storage behind ``url``.
+
+    Args:
+        url: see the module docstring.
+        heartbeat_interval: seconds between a running trial's heartbeats (None: no heartbeats).
+        grace_period: seconds without a heartbeat after which a running trial is stale (default: 3 intervals).
+
+    Returns:
+        A storage for ``optuna.create_study`` / ``load_study``. With heartbeats, a stale trial is failed and
+        its parameters retried once (``RetryHeartbeatStaleTrialCallback(max_retry=1)``).
+
+    Raises:
+        ValueError: an unknown scheme, a bad interval, or a database that cannot be reached; the message
+            names the URL with its password hidden.
+    """
+    kind = storage_kind(url)
+    beat = {}
+    if heartbeat_interval is not None:
+        if heartbeat_interval < 1:
+            raise ValueError(f"heartbeat interval must be >= 1 s, got {heartbeat_interval}")
+        grace_period = 3 * heartbeat_interval if grace_period is None else grace_period
+        if grace_period <= heartbeat_interval:
+            raise ValueError(
+                f"grace period ({grace_period} s) must exceed the heartbeat interval ({heartbeat_interval} s)"
+            )
+        with warnings.catch_warnings():  # heartbeats are "experimental" in Optuna
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            retry = RetryHeartbeatStaleTrialCallback(max_retry=1)
+        beat = dict(
+            heartbeat_interval=heartbeat_interval, grace_period=grace_period, heartbeat_stale_trial_callback=retry
+        )
+    if kind == "journal":
+        path = Path(url[len(JOURNAL_PREFIX) :]).expanduser()
+        if not path.parent.is_dir():
+            path.parent.mkdir(parents=True, exist_ok=True)
+        backend = JournalFileBackend(str(path))
+        return JournalHeartbeatStorage(backend, **beat) if beat else JournalStorage(backend)
+    if kind == "sqlite" and url.startswith("sqlite:///"):
+        Path(url[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
+    engine_kwargs = {"connect_args": {"connect_timeout": CONNECT_TIMEOUT_S}} if kind == "postgresql" else None
+    try:
+        return _rdb_storage(_rdb_url(url), engine_kwargs, beat)
+    except ImportError as e:
+        raise ValueError(f"storage {mask_url(url)!r}: its database driver is not installed ({e})") from None
+    except Exception as e:  # sqlalchemy's OperationalError & co: one line, no SQL, no password
+        reason = str(getattr(e, "orig", None) or e).strip().splitlines()[0]
+        password = re.search(r"://[^:/@]+:([^@]*)@", url)
+        if password and password.group(1):
+            reason = reason.replace(password.group(1), "***")
+        raise ValueError(f"cannot open storage {mask_url(url)!r}: {reason}") from None
+
+
+def _rdb_storage(url: str, engine_kwargs: dict | None, beat: dict, attempts: int = 5) -> RDBStorage:
+    """``RDBStorage``, trying again when workers that start together race to create the tables of a new database."""
+    import sqlalchemy.exc
+
+    for attempt in range(attempts):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                return RDBStorage(url, engine_kwargs=engine_kwargs, **beat)
+        except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError):
+            if attempt == attempts - 1:
+                raise
+            time.sleep(0.2 + random.random())
+    raise AssertionError("unreachable")
+
+
+class JournalHeartbeatStorage(JournalStorage, BaseHeartbeat):
+    """Optuna's journal storage with heartbeats, so a killed worker's trial is failed and retried.
+
+    A heartbeat is the writer's ``time.time()`` stored in the trial's system attributes under a key that
+    names the trial id.
+    """
+
+    def __init__(
+        self, backend, *, heartbeat_interval: int, grace_period: int, heartbeat_stale_trial_callback=None
+    ) -> None:
+        super().__init__(backend)
+        self.heartbeat_interval = heartbeat_interval
+        self.grace_period = grace_period
+        self.heartbeat_stale_trial_callback = heartbeat_stale_trial_callback
+
+    def record_heartbeat(self, trial_id: int) -> None:
+        # A trial another worker already failed as stale cannot be written to; the optimize loop reports it.
+        with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):
+            self.set_trial_system_attr(trial_id, f"{HEARTBEAT_ATTR}{trial_id}", time.time())
+
+    def _get_stale_trial_ids(self, study_id: int) -> list[int]:
+        now = time.time()
+        stale = []
+        for t in self.get_all_trials(study_id, deepcopy=False, states=(TrialState.RUNNING,)):
+            beat = t.system_attrs.get(f"{HEARTBEAT_ATTR}{t._trial_id}")
+            if beat is not None and now - beat > self.grace_period:
+                stale.append(t._trial_id)
+        return stale
+
+    def get_heartbeat_interval(self) -> int | None:
+        return self.heartbeat_interval
+
+    def get_heartbeat_stale_trial_callback(self):
+        return self.heartbeat_stale_trial_callback
