@@ -349,6 +349,7 @@ def cmd_search(args: argparse.Namespace) -> int:
         lr=args.lr,
         sampler=args.sampler,
         seed=args.seed,
+        latency_predictor=args.latency_predictor,
     )
     load_space(args.space)  # a bad space fails before the task is built
     study = run_search(settings, progress=not args.quiet)
@@ -621,6 +622,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--threads", type=int, default=2, help="threads for latency measurement")
     s.add_argument("--max-latency-ms", type=float, help="latency budget (an Optuna constraint)")
     s.add_argument("--max-params", type=int, help="parameter budget (an Optuna constraint)")
+    s.add_argument("--latency-predictor", help="a predictor JSON (xsearch latency fit): candidates predicted "
+                   "over --max-latency-ms are pruned before training")  # fmt: skip
     g = s.add_mutually_exclusive_group()
     g.add_argument("--train-steps", type=int, help="training steps per trial")
     g.add_argument("--train-seconds", type=float, help="training seconds per trial (default 30)")
@@ -630,6 +633,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--quiet", action="store_true", help="no progress bar")
     s.set_defaults(func=cmd_search)
+
+    from xsearch.cli_latency import add_latency_parser
+
+    add_latency_parser(sub)
 
     s = sub.add_parser("report", help="Pareto plots, trials.csv and front.json of a study")
     s.add_argument("--storage", default="sqlite:///runs/xsearch.db")

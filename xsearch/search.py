@@ -50,6 +50,7 @@ class SearchSettings:
     seed: int = 0
     latency_repeats: int = 10
     latency_cache: str | None = "default"
+    latency_predictor: str | None = None
 
     def __post_init__(self) -> None:
         if self.sampler not in SAMPLERS:
@@ -119,6 +120,11 @@ class Objective:
         self.seq_len = settings.seq_len or task.max_len
         if self.seq_len > task.max_len:
             raise ValueError(f"--seq-len {self.seq_len} exceeds the task's max_len={task.max_len}")
+        self.predictor = None
+        if settings.latency_predictor is not None:
+            from xsearch.latency_predictor import load_for_target
+
+            self.predictor = load_for_target(settings.latency_predictor, settings.target, settings.threads)
 
     def __call__(self, trial: optuna.Trial) -> tuple[float, float]:
         try:
@@ -139,6 +145,7 @@ class Objective:
         cfg = self.space.suggest(trial, self.task.model_fields())
         trial.set_user_attr("model_config", cfg.to_dict())
         trial.set_user_attr("params", dict(trial.params))
+        self._screen_latency(trial, cfg)
         torch.manual_seed(self.s.seed + trial.number)
         model = xsearch.build_model(cfg)
         n_params = xsearch.count_parameters(model)
@@ -171,6 +178,17 @@ class Objective:
         if not math.isfinite(metric):
             raise ValueError(f"validation metric is {metric}")
         return metric, stats.median_ms
+
+    def _screen_latency(self, trial: optuna.Trial, cfg) -> None:
+        """Record the predicted latency; prune the trial, untrained, when it is over the budget."""
+        if self.predictor is None:
+            return
+        predicted = self.predictor.predict(cfg, self.seq_len, self.s.batch)
+        trial.set_user_attr("latency_predicted_ms", predicted)
+        budget = self.s.max_latency_ms
+        if budget is not None and predicted > budget:
+            trial.set_user_attr("pruned_reason", f"predicted latency {predicted:.2f} ms > budget {budget:g} ms")
+            raise optuna.TrialPruned()
 
 
 def is_feasible(t: optuna.trial.FrozenTrial) -> bool:
@@ -246,8 +264,8 @@ def run_search(settings: SearchSettings, *, progress: bool = True) -> optuna.Stu
 class _Reporter:
     """One line per finished trial and an overall progress bar with ETA."""
 
-    def __init__(self, study, total: int, show: bool, metric: str) -> None:
-        self.total, self.show, self.metric = total, show, metric
+    def __init__(self, study, total: int, show: bool, metric: str, label: str = "search") -> None:
+        self.total, self.show, self.metric, self.label = total, show, metric, label
         self.done = 0
         self.start = time.perf_counter()
         self.progress = None
@@ -257,9 +275,9 @@ class _Reporter:
         if self.show and self.total:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-            self.progress = Progress(TextColumn("search"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
+            self.progress = Progress(TextColumn(self.label), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
             self.progress.__enter__()
-            self.task_id = self.progress.add_task("search", total=self.total)
+            self.task_id = self.progress.add_task(self.label, total=self.total)
         return self
 
     def __exit__(self, *exc):
@@ -275,7 +293,12 @@ class _Reporter:
             line = (f"trial {trial.number:3d}{ref}: {describe_trial(trial)}  {self.metric} {trial.values[0]:.4f}  "
                     f"latency {lat:.2f} ms  {ok}")  # fmt: skip
         else:
-            line = f"trial {trial.number:3d}: {trial.state.name} {trial.user_attrs.get('error', '')[:160]}"
+            why = trial.user_attrs.get("error") or trial.user_attrs.get("pruned_reason", "")
+            line = f"trial {trial.number:3d}: {trial.state.name} {why[:160]}"
+        self._emit(line)
+
+    def _emit(self, line: str) -> None:
+        """Print one line above the progress bar (or log it) and advance the bar."""
         if self.progress is not None:
             self.progress.console.print(line, soft_wrap=True, markup=False, highlight=False)
             self.progress.update(self.task_id, completed=self.done)
