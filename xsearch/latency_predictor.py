@@ -229,20 +229,27 @@ def split_by_architecture(
 
 
 # -- the model -----------------------------------------------------------------------------------
-MLP_KEYS = ("w1", "b1", "w2", "b2", "w3", "b3", "skip")
+MLP_KEYS = ("w1", "b1", "w2", "b2", "w3", "b3")
+RIDGE_ALPHAS = (1e-4, 1e-3, 1e-2, 1e-1, 1.0)
+WEIGHT_DECAYS = (0.1, 1.0, 10.0)
+CV_FOLDS = 4
+
+
+def _ridge(x: np.ndarray, y: np.ndarray, alpha: float) -> tuple[np.ndarray, float]:
+    """Least squares with an L2 penalty ``alpha * n * |w|^2`` and an unpenalised intercept."""
+    xm, ym = x.mean(axis=0), float(y.mean())
+    xc = x - xm
+    w = np.linalg.solve(xc.T @ xc + alpha * len(y) * np.eye(x.shape[1]), xc.T @ (y - ym))
+    return w, ym - float(xm @ w)
 
 
 def _mlp_forward(net: dict[str, np.ndarray], x: np.ndarray, keep: bool = False):
-    """``relu(relu(x W1 + b1) W2 + b2) W3 + b3 + x skip``: two hidden layers plus a linear path.
-
-    The linear path carries the roughly log-linear scaling of latency with size (and
-    extrapolates like it); the hidden layers learn what it misses, such as each variant's overheads.
-    """
+    """``relu(relu(x W1 + b1) W2 + b2) W3 + b3`` (two hidden layers, as in HAT's predictor)."""
     a1 = x @ net["w1"] + net["b1"]
     z1 = np.maximum(a1, 0.0)
     a2 = z1 @ net["w2"] + net["b2"]
     z2 = np.maximum(a2, 0.0)
-    out = (z2 @ net["w3"] + net["b3"] + x @ net["skip"])[:, 0]
+    out = (z2 @ net["w3"] + net["b3"])[:, 0]
     return (out, (a1, z1, a2, z2)) if keep else out
 
 
@@ -257,7 +264,6 @@ def _fit_mlp(x: np.ndarray, y: np.ndarray, hidden: int, epochs: int, seed: int, 
         "b2": np.zeros(hidden),
         "w3": rng.normal(0.0, math.sqrt(1.0 / hidden), (hidden, 1)),
         "b3": np.zeros(1),
-        "skip": np.zeros((d, 1)),
     }
     m = {k: np.zeros_like(v) for k, v in net.items()}
     v = {k: np.zeros_like(w) for k, w in net.items()}
@@ -267,28 +273,82 @@ def _fit_mlp(x: np.ndarray, y: np.ndarray, hidden: int, epochs: int, seed: int, 
         g_out = (2.0 / len(y)) * (out - y)[:, None]  # d(mean squared error)/d(out)
         g_a2 = (g_out @ net["w3"].T) * (a2 > 0)
         g_a1 = (g_a2 @ net["w2"].T) * (a1 > 0)
-        grads = {"w3": z2.T @ g_out, "b3": g_out.sum(0), "skip": x.T @ g_out, "w2": z1.T @ g_a2, "b2": g_a2.sum(0),
-                 "w1": x.T @ g_a1, "b1": g_a1.sum(0)}  # fmt: skip
+        grads = {"w3": z2.T @ g_out, "b3": g_out.sum(0), "w2": z1.T @ g_a2, "b2": g_a2.sum(0), "w1": x.T @ g_a1,
+                 "b1": g_a1.sum(0)}  # fmt: skip
         rate = lr * 0.5 * (1.0 + math.cos(math.pi * (step - 1) / epochs))
         for k, g in grads.items():
             m[k] = beta1 * m[k] + (1 - beta1) * g
             v[k] = beta2 * v[k] + (1 - beta2) * g * g
             update = (m[k] / (1 - beta1**step)) / (np.sqrt(v[k] / (1 - beta2**step)) + eps)
-            decay = weight_decay * net[k] if k[0] in "ws" else 0.0  # weights decay, biases do not
+            decay = weight_decay * net[k] if k[0] == "w" else 0.0  # weights decay, biases do not
             net[k] = net[k] - rate * (update + decay)
     return net
+
+
+def _grouped_folds(groups: Sequence[str], k: int, seed: int) -> list[np.ndarray]:
+    """``k`` test-index arrays that never split a group (an architecture) between two folds."""
+    keys = sorted(set(groups))
+    random.Random(seed).shuffle(keys)
+    fold_of = {key: i % k for i, key in enumerate(keys)}
+    return [np.array([i for i, g in enumerate(groups) if fold_of[g] == f]) for f in range(k)]
+
+
+class _Model:
+    """Log-latency = ridge regression on the features + an MLP ensemble on what ridge leaves over."""
+
+    def __init__(self, alpha: float, weight_decay: float | None, members: int, hidden: int, epochs: int, seed: int):
+        self.alpha, self.weight_decay = alpha, weight_decay
+        self.members, self.hidden, self.epochs, self.seed = members, hidden, epochs, seed
+        self.w, self.b = np.zeros(0), 0.0
+        self.scale = 1.0
+        self.nets: list[dict[str, np.ndarray]] = []
+
+    def fit(self, x: np.ndarray, y: np.ndarray) -> _Model:
+        self.w, self.b = _ridge(x, y, self.alpha)
+        residual = y - (x @ self.w + self.b)
+        self.scale = float(max(residual.std(), 1e-6))
+        if self.weight_decay is not None:
+            self.nets = [
+                _fit_mlp(x, residual / self.scale, self.hidden, self.epochs, self.seed + i, self.weight_decay)
+                for i in range(self.members)
+            ]
+        return self
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        out = x @ self.w + self.b
+        if self.nets:
+            out = out + self.scale * np.mean([_mlp_forward(net, x) for net in self.nets], axis=0)
+        return out
+
+
+def _cv_error(x, y, folds, make) -> float:
+    """Mean squared error (log latency) over the folds of models built by ``make()``."""
+    errors = []
+    for test in folds:
+        train = np.setdiff1d(np.arange(len(y)), test)
+        errors.append(np.mean((make().fit(x[train], y[train])(x[test]) - y[test]) ** 2))
+    return float(np.mean(errors))
 
 
 class LatencyPredictor:
     """Predicts the latency (ms) of an architecture on the target and device it was fitted for.
 
+    The log of the latency is modelled as a ridge regression on the standardised features plus
+    an ensemble of MLPs (two hidden ReLU layers) fitted to the ridge's residuals. The ridge
+    carries the near log-linear scaling with size, and extrapolates like it; the MLPs learn what
+    it misses, such as how each variant's overheads grow. The two regularisation strengths are
+    chosen by cross-validation grouped by architecture on the rows given to ``fit``
+    (``"auto"``); a weight decay of None fits no MLP.
+
     Args:
         target: the latency backend the data was measured on.
         device: the device fingerprint of the data.
-        members: MLPs in the ensemble (their log-latency predictions are averaged).
+        alpha: ridge penalty, or ``"auto"``.
+        weight_decay: the MLPs' weight decay, None (no MLPs) or ``"auto"``.
+        members: MLPs in the ensemble (their outputs are averaged).
         hidden: width of each MLP's two hidden layers.
-        epochs: full-batch training steps.
-        seed: seeds the MLPs' initialisation.
+        epochs: full-batch training steps per MLP.
+        seed: seeds the cross-validation folds and the MLPs' initialisation.
     """
 
     def __init__(
@@ -296,29 +356,33 @@ class LatencyPredictor:
         target: str = "",
         device: dict[str, Any] | None = None,
         *,
+        alpha: float | str = "auto",
+        weight_decay: float | str | None = "auto",
         members: int = 5,
-        hidden: int = 64,
-        epochs: int = 2000,
-        weight_decay: float = 1e-3,
+        hidden: int = 32,
+        epochs: int = 1000,
         seed: int = 0,
     ) -> None:
         self.target, self.device = target, dict(device or {})
-        self.hyper = {"members": members, "hidden": hidden, "epochs": epochs, "weight_decay": weight_decay,
-                      "seed": seed}  # fmt: skip
+        self.hyper: dict[str, Any] = {"alpha": alpha, "weight_decay": weight_decay, "members": members,
+                                      "hidden": hidden, "epochs": epochs, "seed": seed}  # fmt: skip
         self.features: list[str] = []
         self.mean = self.std = np.zeros(0)
-        self.y_mean, self.y_std = 0.0, 1.0
-        self.nets: list[dict[str, np.ndarray]] = []
+        self.model: _Model | None = None
         self.metrics: dict[str, Any] = {}
         self.data: dict[str, Any] = {}
 
     @property
     def fitted(self) -> bool:
-        return bool(self.nets)
+        return self.model is not None
 
     def _matrix(self, feats: list[dict[str, float]]) -> np.ndarray:
         x = np.array([[f.get(name, 0.0) for name in self.features] for f in feats], dtype=np.float64)
         return (x - self.mean) / self.std
+
+    def _model(self, alpha: float, weight_decay: float | None, members: int | None = None) -> _Model:
+        h = self.hyper
+        return _Model(alpha, weight_decay, members or h["members"], h["hidden"], h["epochs"], h["seed"])
 
     def fit(self, rows: Iterable[LatencyRow], features: list[dict[str, float]] | None = None) -> LatencyPredictor:
         """Fit on measured rows (all of them; see ``fit_with_holdout`` for a held-out error).
@@ -339,29 +403,41 @@ class LatencyPredictor:
         self.mean = raw.mean(axis=0)
         std = raw.std(axis=0)
         self.std = np.where(std > 1e-12, std, 1.0)
+        x = self._matrix(feats)
         y = np.log(np.array([r.latency_ms for r in rows], dtype=np.float64))
-        self.y_mean, self.y_std = float(y.mean()), float(max(y.std(), 1e-6))
-        x, yn = self._matrix(feats), (y - self.y_mean) / self.y_std
-        h = self.hyper
-        self.nets = [
-            _fit_mlp(x, yn, h["hidden"], h["epochs"], h["seed"] + m, h["weight_decay"]) for m in range(h["members"])
-        ]
+        groups = [architecture_key(r.config) for r in rows]
+        alpha, decay = self.hyper["alpha"], self.hyper["weight_decay"]
+        selection: dict[str, Any] = {}
+        if (alpha == "auto" or decay == "auto") and len(set(groups)) >= CV_FOLDS:
+            folds = _grouped_folds(groups, CV_FOLDS, self.hyper["seed"])
+            if alpha == "auto":
+                errs = {a: _cv_error(x, y, folds, lambda a=a: self._model(a, None)) for a in RIDGE_ALPHAS}
+                alpha = min(errs, key=errs.get)
+                selection["alpha_cv_mse"] = {str(k): v for k, v in errs.items()}
+            if decay == "auto":
+                errs = {d: _cv_error(x, y, folds, lambda d=d: self._model(alpha, d, members=1))
+                        for d in (None, *WEIGHT_DECAYS)}  # fmt: skip
+                decay = min(errs, key=errs.get)
+                selection["weight_decay_cv_mse"] = {str(k): v for k, v in errs.items()}
+        alpha = 0.01 if alpha == "auto" else alpha  # too few architectures to cross-validate
+        decay = None if decay == "auto" else decay
+        self.hyper |= {"alpha": alpha, "weight_decay": decay}
+        self.model = self._model(alpha, decay).fit(x, y)
         self.data = {
             "rows": len(rows),
-            "architectures": len({architecture_key(r.config) for r in rows}),
+            "architectures": len(set(groups)),
             "seq_lens": sorted({r.seq_len for r in rows}),
             "batches": sorted({r.batch for r in rows}),
             "latency_ms_range": [min(r.latency_ms for r in rows), max(r.latency_ms for r in rows)],
+            "selection": selection,
         }
         return self
 
     def predict_features(self, feats: list[dict[str, float]]) -> np.ndarray:
         """Latencies (ms) for precomputed ``architecture_features``."""
-        if not self.fitted:
+        if self.model is None:
             raise ValueError("this LatencyPredictor is not fitted")
-        x = self._matrix(feats)
-        logs = np.mean([_mlp_forward(net, x) for net in self.nets], axis=0)
-        return np.exp(logs * self.y_std + self.y_mean)
+        return np.exp(self.model(self._matrix(feats)))
 
     def predict(self, config, seq_len: int, batch: int = 1) -> float:
         """Predicted latency in milliseconds of ``config`` (a ``ModelConfig`` or dict) at ``(batch, seq_len)``."""
@@ -378,14 +454,14 @@ class LatencyPredictor:
             "xsearch_version": __version__,
             "target": self.target,
             "device": self.device,
-            "model": "mlp-ensemble on log latency",
+            "model": "log latency = ridge + MLP ensemble on the residuals",
             "hyper": self.hyper,
             "features": self.features,
             "feature_mean": self.mean.tolist(),
             "feature_std": self.std.tolist(),
-            "y_mean": self.y_mean,
-            "y_std": self.y_std,
-            "members": [{k: net[k].tolist() for k in MLP_KEYS} for net in self.nets],
+            "ridge": {"weight": self.model.w.tolist(), "bias": self.model.b},
+            "residual_scale": self.model.scale,
+            "members": [{k: net[k].tolist() for k in MLP_KEYS} for net in self.model.nets],
             "metrics": self.metrics,
             "data": self.data,
         }
@@ -416,13 +492,23 @@ class LatencyPredictor:
         try:
             p = cls(doc["target"], doc["device"], **doc["hyper"])
             p.features = list(doc["features"])
-            p.mean, p.std = np.array(doc["feature_mean"], dtype=np.float64), np.array(doc["feature_std"])
-            p.y_mean, p.y_std = float(doc["y_mean"]), float(doc["y_std"])
-            p.nets = [{k: np.array(member[k], dtype=np.float64) for k in MLP_KEYS} for member in doc["members"]]
+            p.mean = np.array(doc["feature_mean"], dtype=np.float64)
+            p.std = np.array(doc["feature_std"], dtype=np.float64)
+            p.model = p._model(p.hyper["alpha"], p.hyper["weight_decay"])
+            p.model.w = np.array(doc["ridge"]["weight"], dtype=np.float64)
+            p.model.b = float(doc["ridge"]["bias"])
+            p.model.scale = float(doc["residual_scale"])
+            p.model.nets = [{k: np.array(m[k], dtype=np.float64) for k in MLP_KEYS} for m in doc["members"]]
             p.metrics, p.data = dict(doc.get("metrics") or {}), dict(doc.get("data") or {})
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"{path}: a malformed latency predictor ({type(e).__name__}: {e})") from None
-        if not p.nets or len(p.mean) != len(p.features) or len(p.std) != len(p.features):
+        n = len(p.features)
+        if (
+            len(p.mean) != n
+            or len(p.std) != n
+            or len(p.model.w) != n
+            or any(m["w1"].shape[0] != n for m in p.model.nets)
+        ):
             raise ValueError(f"{path}: a malformed latency predictor (feature sizes do not match)")
         return p
 
