@@ -194,6 +194,7 @@ def test_search_prunes_candidates_predicted_over_budget(tmp_path):
         assert t.user_attrs["model_config"]["d_model"] == 64 and t.user_attrs["latency_predicted_ms"] > 3.0
         assert "predicted latency" in t.user_attrs["pruned_reason"]
         assert not {"train_steps", "latency", "n_parameters"} & set(t.user_attrs)
+        assert t.constraints == {"latency": t.user_attrs["latency_predicted_ms"] - 3.0}  # infeasible for the sampler
     for t in done:  # trained and measured, both latencies side by side
         assert t.user_attrs["latency_predicted_ms"] <= 3.0 and t.user_attrs["model_config"]["d_model"] == 32
         assert "median_ms" in t.user_attrs["latency"] and t.user_attrs["train_steps"] == 2

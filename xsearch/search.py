@@ -188,6 +188,7 @@ class Objective:
         budget = self.s.max_latency_ms
         if budget is not None and predicted > budget:
             trial.set_user_attr("pruned_reason", f"predicted latency {predicted:.2f} ms > budget {budget:g} ms")
+            trial.set_constraint("latency", predicted - budget)  # so the sampler counts it as infeasible
             raise optuna.TrialPruned()
 
 
