@@ -1,6 +1,10 @@
 import json
 import math
+import os
 import random
+import subprocess
+import sys
+import time
 
 import numpy as np
 import optuna
@@ -234,3 +238,29 @@ def test_rows_of_one_target_and_device_are_chosen_or_the_mix_is_named():
     assert [r.latency_ms for r in select_rows(rows, target="torch-cpu", threads=2)] == [3.0]
     with pytest.raises(ValueError, match="no trials measured on target 'torch-cuda'"):
         select_rows(rows, target="torch-cuda")
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs Linux CPU affinity")
+def test_measure_undisturbed_sets_aside_runs_slowed_by_another_process():
+    from xsearch.latency import measure_undisturbed, run_queue_wait_ns
+
+    if run_queue_wait_ns() is None:
+        pytest.skip("no /proc/self/task/*/schedstat here")
+    model = xsearch.build_model(xsearch.ModelConfig(vocab_size=16, max_len=512, d_model=64, n_layers=2, n_heads=2))
+    cpu = min(os.sched_getaffinity(0))
+    before = os.sched_getaffinity(0)
+    # A busy process pinned to the CPU this thread is pinned to: every run (tens of ms, longer
+    # than a scheduler time slice) has to wait for it.
+    hog = subprocess.Popen([sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass"])
+    try:
+        os.sched_setaffinity(0, {cpu})
+        time.sleep(0.2)
+        stats, disturbed = measure_undisturbed(model, "torch-cpu", seq_len=512, threads=1, warmup=1, repeats=4,
+                                               patience=0.5)  # fmt: skip
+    finally:
+        hog.kill()
+        hog.wait()
+        os.sched_setaffinity(0, before)
+    assert disturbed > 0 and stats.repeats == 4
+    stats, disturbed = measure_undisturbed(model, "torch-cpu", seq_len=64, threads=1, warmup=1, repeats=3, patience=0)
+    assert disturbed == 0 and stats.repeats == 3  # patience 0: every run kept, none judged

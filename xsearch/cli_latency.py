@@ -123,7 +123,7 @@ def add_latency_parser(sub) -> None:
     s.add_argument("--repeats", type=int, default=10, help="timed runs per measurement")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--wait-idle", type=float, default=30.0, metavar="SECONDS",
-                   help="longest wait for other processes to go quiet before a measurement (0: at once)")  # fmt: skip
+                   help="how long a measurement may wait for runs no other process slowed (0: keep all)")  # fmt: skip
     s.add_argument("--quiet", action="store_true", help="no progress bar")
     s.set_defaults(func=cmd_sweep)
 

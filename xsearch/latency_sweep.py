@@ -11,11 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import tempfile
-import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 import optuna
@@ -36,8 +32,8 @@ class SweepSettings:
         samples: the total number of measured (COMPLETE) trials wanted in the study; a re-run
             adds only what is missing.
         seq_lens: lengths to measure at, one drawn per trial (None: the task's max_len).
-        wait_idle: the longest wait (seconds) for other processes to go quiet before each
-            measurement; 0 measures at once, once.
+        wait_idle: how long (seconds) a measurement may go on timing runs until ``latency_repeats``
+            of them were not slowed down by other processes; 0 keeps every run.
     """
 
     task: str = "listops"
@@ -68,56 +64,14 @@ class SweepSettings:
             self.seq_lens = sorted(set(self.seq_lens))
 
 
-def _cpu_seconds() -> tuple[float, float] | None:
-    """``(busy CPU seconds of the whole machine, CPU seconds of this process)``; None off Linux."""
-    try:
-        with open("/proc/stat", encoding="ascii") as f:
-            fields = [int(v) for v in f.readline().split()[1:]]
-    except (OSError, ValueError):
-        return None
-    busy = sum(fields[:8]) - fields[3] - fields[4]  # user..steal, less idle and iowait
-    t = os.times()
-    return busy / os.sysconf("SC_CLK_TCK"), t.user + t.system
-
-
-class OtherLoad:
-    """Context manager: the CPU cores that other processes kept busy while it was open (``.cores``)."""
-
-    def __enter__(self) -> OtherLoad:
-        self.cores: float | None = None
-        self._start, self._t0 = _cpu_seconds(), time.perf_counter()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        end, wall = _cpu_seconds(), time.perf_counter() - self._t0
-        if self._start is not None and end is not None and wall > 0:
-            self.cores = max(0.0, ((end[0] - self._start[0]) - (end[1] - self._start[1])) / wall)
-
-
-def wait_for_idle(max_wait: float, threshold: float, window: float = 0.5) -> float | None:
-    """Wait (up to ``max_wait`` seconds) until other processes use under ``threshold`` cores.
-
-    Returns:
-        The other processes' load in the last window, in cores (None where it cannot be read).
-    """
-    deadline = time.perf_counter() + max_wait
-    while True:
-        with OtherLoad() as load:
-            time.sleep(window)
-        if load.cores is None or load.cores < threshold or time.perf_counter() >= deadline:
-            return load.cores
-
-
 class _SweepObjective:
     """One sweep trial: suggest -> build -> latency (cached) -> the median as the trial's value.
 
-    On a shared machine other processes inflate a measurement, so when ``wait_idle`` > 0 each
-    measurement waits for the other processes to go quiet, watches them while it runs, and is
-    repeated (up to ``ATTEMPTS`` times, keeping the fastest) when they did not stay quiet.
+    On a shared machine other processes slow a measurement down, so only runs they did not
+    disturb are kept (``measure_undisturbed``, patient for ``wait_idle`` seconds). A measurement
+    that still holds disturbed runs is recorded (``latency_disturbed``) but not cached, and
+    ``latency fit`` leaves it out.
     """
-
-    ATTEMPTS = 3
-    IDLE_CORES = 0.1  # other processes' load (in cores) below which a measurement counts as undisturbed
 
     def __init__(self, settings: SweepSettings, space, fields: dict[str, Any], seq_lens: list[int], cache) -> None:
         self.s, self.space, self.fields, self.seq_lens, self.cache = settings, space, fields, seq_lens, cache
@@ -133,7 +87,7 @@ class _SweepObjective:
         import torch
 
         import xsearch
-        from xsearch.latency import device_fingerprint
+        from xsearch.latency import device_fingerprint, measure_undisturbed
         from xsearch.latency_cache import cache_key
 
         cfg = self.space.suggest(trial, self.fields)
@@ -150,37 +104,16 @@ class _SweepObjective:
         stats = self.cache.get(key)
         cached = stats is not None
         if stats is None:
-            stats = self._measure(trial, model, seq_len)
-            self.cache.put(key, stats)
+            stats, disturbed = measure_undisturbed(model, self.s.target, batch=self.s.batch, seq_len=seq_len,
+                                                   threads=self.s.threads, repeats=self.s.latency_repeats,
+                                                   patience=self.s.wait_idle)  # fmt: skip
+            trial.set_user_attr("latency_disturbed", disturbed)
+            if not disturbed:
+                self.cache.put(key, stats)
         trial.set_user_attr("latency", stats.to_dict())
         trial.set_user_attr("latency_cached", cached)
         trial.set_user_attr("device", stats.device)
         return stats.median_ms
-
-    def _measure(self, trial: optuna.Trial, model, seq_len: int):
-        from xsearch.latency import measure
-
-        with tempfile.TemporaryDirectory() as d:
-            subject = model
-            if self.s.target.startswith("ort"):  # export once, however often it is measured
-                from xsearch.export.onnx_export import to_onnx
-
-                subject = Path(d) / "model.onnx"
-                to_onnx(model, subject, check=False)
-            attempts: list[tuple[Any, float | None]] = []  # (stats, other processes' load in cores)
-            while len(attempts) < (self.ATTEMPTS if self.s.wait_idle > 0 else 1):
-                if self.s.wait_idle > 0:
-                    wait_for_idle(self.s.wait_idle, self.IDLE_CORES)
-                with OtherLoad() as load:
-                    stats = measure(subject, self.s.target, batch=self.s.batch, seq_len=seq_len,
-                                    threads=self.s.threads, repeats=self.s.latency_repeats)  # fmt: skip
-                attempts.append((stats, load.cores))
-                if load.cores is None or load.cores < self.IDLE_CORES:
-                    break
-        stats, other = min(attempts, key=lambda a: a[0].median_ms)  # interference only ever slows a run down
-        trial.set_user_attr("latency_attempts", len(attempts))
-        trial.set_user_attr("latency_other_load", None if other is None else round(other, 3))
-        return stats
 
 
 class _SweepReporter(_Reporter):
@@ -239,20 +172,28 @@ def run_sweep(settings: SweepSettings, *, progress: bool = True) -> optuna.Study
 
 
 def rows_from_study(study: optuna.Study) -> list[LatencyRow]:
-    """The measured trials of a search or sweep study (any state that recorded a latency)."""
+    """The measured trials of a search or sweep study (any state that recorded a latency).
+
+    Sweep measurements that other processes disturbed (``latency_disturbed`` > 0) are left out.
+    """
     settings = study.user_attrs.get("settings") or {}
     task = study.user_attrs.get("task") or {}
-    rows = []
+    rows, disturbed = [], 0
     for t in study.get_trials(deepcopy=False):
         attrs = t.user_attrs
         lat, cfg = attrs.get("latency"), attrs.get("model_config")
         if not isinstance(lat, dict) or not isinstance(cfg, dict) or "median_ms" not in lat:
+            continue
+        if attrs.get("latency_disturbed"):
+            disturbed += 1
             continue
         seq_len = attrs.get("seq_len") or settings.get("seq_len") or task.get("max_len") or cfg.get("max_len")
         batch = attrs.get("batch") or settings.get("batch") or 1
         target = lat.get("target") or settings.get("target")
         device = attrs.get("device") or lat.get("device") or {}
         rows.append(LatencyRow(cfg, int(seq_len), int(batch), float(lat["median_ms"]), str(target), device))
+    if disturbed:
+        log.info("study %r: %d measurements disturbed by other processes left out", study.study_name, disturbed)
     return rows
 
 
