@@ -356,6 +356,7 @@ def cmd_search(args: argparse.Namespace) -> int:
         pruner=args.pruner,
         heartbeat_interval=args.heartbeat_interval,
         grace_period=args.grace_period,
+        latency_predictor=args.latency_predictor,
     )
     load_space(args.space)  # a bad space or storage URL fails before the task is built
     storage_kind(args.storage)
@@ -681,6 +682,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="latency budget (a constraint; with --objective accuracy, over-budget trials are pruned)",
     )
     s.add_argument("--max-params", type=int, help="parameter budget (like --max-latency-ms)")
+    s.add_argument("--latency-predictor", help="a predictor JSON (xsearch latency fit): candidates predicted "
+                   "over --max-latency-ms are pruned before training")  # fmt: skip
     g = s.add_mutually_exclusive_group()
     g.add_argument("--train-steps", type=int, help="training steps per trial")
     g.add_argument("--train-seconds", type=float, help="training seconds per trial (default 30)")
@@ -690,6 +693,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--quiet", action="store_true", help="no progress bar")
     s.set_defaults(func=cmd_search)
+
+    from xsearch.cli_latency import add_latency_parser
+
+    add_latency_parser(sub)
 
     s = sub.add_parser("report", help="Pareto plots, trials.csv and front.json of a study")
     s.add_argument("--storage", default="sqlite:///runs/xsearch.db")

@@ -7,11 +7,13 @@ silent fallback to the CPU. ONNX files are measured without importing torch.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import statistics
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
@@ -144,8 +146,37 @@ def measure(
         ValueError: an unknown target, bad sizes, a length over the model's max_len.
         RuntimeError: a CUDA target without CUDA.
     """
-    samples = _samples(model_or_onnx_path, target, batch, seq_len, threads, warmup, repeats)
-    return summarize(samples, target, device_fingerprint(target, threads))
+    return measure_undisturbed(model_or_onnx_path, target, batch=batch, seq_len=seq_len, threads=threads,
+                               warmup=warmup, repeats=repeats, patience=0.0)[0]  # fmt: skip
+
+
+def measure_undisturbed(
+    model_or_onnx_path,
+    target: str = "ort-cpu",
+    *,
+    batch: int = 1,
+    seq_len: int,
+    threads: int | None = None,
+    warmup: int = 3,
+    repeats: int = 20,
+    patience: float = 60.0,
+) -> tuple[LatencyStats, int]:
+    """``measure``, keeping only runs that other processes did not slow down, where it can tell.
+
+    On a shared machine a run is slowed when this process's threads are ready to run but wait
+    for a CPU held by another process; Linux counts that wait per thread (``schedstat``). Runs
+    that waited more than 1% of their time (and 0.05 ms) are set aside, and timing goes on, for
+    at most ``patience`` seconds, until ``repeats`` undisturbed runs are in. If time runs out,
+    the least disturbed of the other runs fill up the ``repeats``.
+
+    Returns:
+        ``(stats, disturbed)``: ``disturbed`` is how many of the kept runs were slowed down (0
+        when all were clean, or when the wait cannot be read, as off Linux or with ``patience=0``).
+    """
+    with contextlib.ExitStack() as stack:
+        run = _open_runner(stack, model_or_onnx_path, target, batch, seq_len, threads, warmup, repeats)
+        samples, disturbed = _timed_runs(run, warmup, repeats, patience)
+    return summarize(samples, target, device_fingerprint(target, threads)), disturbed
 
 
 def measure_interleaved(
@@ -165,14 +196,18 @@ def measure_interleaved(
         raise ValueError(f"rounds must be > 0, got {rounds}")
     per_round = max(1, -(-repeats // rounds))
     pooled: dict[str, list[float]] = {name: [] for name in models}
-    for _ in range(rounds):
-        for name, model in models.items():
-            pooled[name] += _samples(model, target, batch, seq_len, threads, warmup, per_round)
+    with contextlib.ExitStack() as stack:
+        runs = {name: _open_runner(stack, m, target, batch, seq_len, threads, warmup, repeats)
+                for name, m in models.items()}  # fmt: skip
+        for _ in range(rounds):
+            for name, run in runs.items():
+                pooled[name] += _timed_runs(run, warmup, per_round, 0.0)[0]
     device = device_fingerprint(target, threads)
     return {name: summarize(samples, target, device) for name, samples in pooled.items()}
 
 
-def _samples(model_or_onnx_path, target, batch, seq_len, threads, warmup, repeats) -> list[float]:
+def _open_runner(stack: contextlib.ExitStack, model_or_onnx_path, target, batch, seq_len, threads, warmup, repeats):
+    """Check the arguments and open a ``run() -> ms`` for the model on the target (closed with ``stack``)."""
     if target not in TARGETS:
         raise ValueError(f"unknown target {target!r}; valid: {', '.join(TARGETS)}")
     if seq_len <= 0 or batch <= 0 or repeats <= 0 or warmup < 0:
@@ -181,20 +216,53 @@ def _samples(model_or_onnx_path, target, batch, seq_len, threads, warmup, repeat
         )
     require_cuda(target)
     if target.startswith("ort"):
-        if isinstance(model_or_onnx_path, (str, os.PathLike)):
-            samples = _ort_samples(Path(model_or_onnx_path), target, batch, seq_len, threads, warmup, repeats)
-        else:
+        path = model_or_onnx_path
+        if not isinstance(path, (str, os.PathLike)):
             from xsearch.export.onnx_export import to_onnx
 
-            with tempfile.TemporaryDirectory() as d:
-                path = Path(d) / "model.onnx"
-                to_onnx(model_or_onnx_path, path, check=False)
-                samples = _ort_samples(path, target, batch, seq_len, threads, warmup, repeats)
-    else:
-        if isinstance(model_or_onnx_path, (str, os.PathLike)):
-            raise ValueError(f"target {target!r} measures a torch model; got a path ({model_or_onnx_path})")
-        samples = _torch_samples(model_or_onnx_path, target, batch, seq_len, threads, warmup, repeats)
-    return samples
+            path = Path(stack.enter_context(tempfile.TemporaryDirectory())) / "model.onnx"
+            to_onnx(model_or_onnx_path, path, check=False)
+        return stack.enter_context(_ort_runner(Path(path), target, batch, seq_len, threads))
+    if isinstance(model_or_onnx_path, (str, os.PathLike)):
+        raise ValueError(f"target {target!r} measures a torch model; got a path ({model_or_onnx_path})")
+    return stack.enter_context(_torch_runner(model_or_onnx_path, target, batch, seq_len, threads))
+
+
+def run_queue_wait_ns() -> int | None:
+    """Nanoseconds this process's threads have spent ready to run but waiting for a CPU (Linux), or None."""
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    total = 0
+    for tid in tasks:
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat", encoding="ascii") as f:
+                total += int(f.read().split()[1])
+        except (OSError, ValueError, IndexError):
+            continue  # a thread that has just exited
+    return total
+
+
+def _timed_runs(run: Callable[[], float], warmup: int, repeats: int, patience: float) -> tuple[list[float], int]:
+    """``repeats`` timings of ``run()`` (which returns milliseconds) and how many of them were disturbed."""
+    for _ in range(warmup):
+        run()
+    if patience <= 0 or run_queue_wait_ns() is None:
+        return [run() for _ in range(repeats)], 0
+    deadline = time.perf_counter() + patience
+    clean: list[float] = []
+    slowed: list[tuple[int, float]] = []  # (wait ns, ms)
+    while len(clean) < repeats and (time.perf_counter() < deadline or len(clean) + len(slowed) < repeats):
+        before = run_queue_wait_ns() or 0
+        ms = run()
+        waited = max(0, (run_queue_wait_ns() or 0) - before)
+        if waited <= max(50_000, 0.01 * ms * 1e6):
+            clean.append(ms)
+        else:
+            slowed.append((waited, ms))
+    missing = repeats - len(clean)
+    return clean + [ms for _, ms in sorted(slowed)[:missing]], max(0, missing)
 
 
 def _random_ids(vocab: int, batch: int, seq_len: int):
@@ -205,7 +273,8 @@ def _random_ids(vocab: int, batch: int, seq_len: int):
     return ids, np.ones((batch, seq_len), dtype=np.bool_)
 
 
-def _ort_samples(path: Path, target, batch, seq_len, threads, warmup, repeats) -> list[float]:
+@contextlib.contextmanager
+def _ort_runner(path: Path, target, batch, seq_len, threads) -> Iterator[Callable[[], float]]:
     import onnxruntime as ort
 
     from xsearch.export.metadata import INPUTS, OUTPUT
@@ -223,17 +292,17 @@ def _ort_samples(path: Path, target, batch, seq_len, threads, warmup, repeats) -
     session = ort.InferenceSession(str(path), opts, providers=providers)
     ids, mask = _random_ids(cfg["vocab_size"], batch, seq_len)
     feed = {INPUTS[0]: ids, INPUTS[1]: mask}
-    for _ in range(warmup):
-        session.run([OUTPUT], feed)
-    samples = []
-    for _ in range(repeats):  # run() returns host arrays, so each sample includes the device sync
+
+    def run() -> float:  # run() returns host arrays, so each sample includes the device sync
         t0 = time.perf_counter()
         session.run([OUTPUT], feed)
-        samples.append((time.perf_counter() - t0) * 1000.0)
-    return samples
+        return (time.perf_counter() - t0) * 1000.0
+
+    yield run
 
 
-def _torch_samples(model, target, batch, seq_len, threads, warmup, repeats) -> list[float]:
+@contextlib.contextmanager
+def _torch_runner(model, target, batch, seq_len, threads) -> Iterator[Callable[[], float]]:
     import torch
 
     cfg = model.config
@@ -247,24 +316,22 @@ def _torch_samples(model, target, batch, seq_len, threads, warmup, repeats) -> l
     model = model.to(dev).eval()
     ids_np, mask_np = _random_ids(cfg.vocab_size, batch, seq_len)
     ids, mask = torch.from_numpy(ids_np).to(dev), torch.from_numpy(mask_np).to(dev)
-    samples = []
-    try:
+
+    def run() -> float:
         with torch.inference_mode():
-            for _ in range(warmup):
+            if cuda:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                torch.cuda.synchronize()
+                start.record()
                 model(ids, mask)
-            for _ in range(repeats):
-                if cuda:
-                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    torch.cuda.synchronize()
-                    start.record()
-                    model(ids, mask)
-                    end.record()
-                    torch.cuda.synchronize()
-                    samples.append(start.elapsed_time(end))
-                else:
-                    t0 = time.perf_counter()
-                    model(ids, mask)
-                    samples.append((time.perf_counter() - t0) * 1000.0)
+                end.record()
+                torch.cuda.synchronize()
+                return start.elapsed_time(end)
+            t0 = time.perf_counter()
+            model(ids, mask)
+            return (time.perf_counter() - t0) * 1000.0
+
+    try:
+        yield run
     finally:
         torch.set_num_threads(old_threads)
-    return samples

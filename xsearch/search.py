@@ -69,6 +69,7 @@ class SearchSettings:
     pruner: str | None = None  # default: hyperband for objective="accuracy", none for "both"
     heartbeat_interval: int = 10
     grace_period: int | None = None  # default: 3 heartbeat intervals
+    latency_predictor: str | None = None  # a predictor JSON: candidates predicted over budget are never trained
 
     def __post_init__(self) -> None:
         if self.sampler not in SAMPLERS:
@@ -253,6 +254,11 @@ class Objective:
         self.seq_len = settings.seq_len or task.max_len
         if self.seq_len > task.max_len:
             raise ValueError(f"--seq-len {self.seq_len} exceeds the task's max_len={task.max_len}")
+        self.predictor = None
+        if settings.latency_predictor is not None:
+            from xsearch.latency_predictor import load_for_target
+
+            self.predictor = load_for_target(settings.latency_predictor, settings.target, settings.threads)
 
     def __call__(self, trial: optuna.Trial) -> float | tuple[float, float]:
         self.current = trial.number
@@ -283,6 +289,8 @@ class Objective:
         cfg = self.space.suggest(trial, self.task.model_fields())
         trial.set_user_attr("model_config", cfg.to_dict())
         trial.set_user_attr("params", dict(trial.params))
+        self._screen_latency(trial, cfg)
+        self._screen_latency(trial, cfg)
         torch.manual_seed(self.s.seed + trial.number)
         model = xsearch.build_model(cfg)
         n_params = xsearch.count_parameters(model)
@@ -294,6 +302,18 @@ class Objective:
             self._budget(trial, "latency", latency_ms, self.s.max_latency_ms, f"latency {latency_ms:.2f} ms")
         metric = self._train(trial, model)
         return metric if self.single else (metric, latency_ms)
+
+    def _screen_latency(self, trial: optuna.Trial, cfg) -> None:
+        """Record the predicted latency; prune the trial, unbuilt and untrained, when it is over the budget."""
+        if self.predictor is None:
+            return
+        predicted = self.predictor.predict(cfg, self.seq_len, self.s.batch)
+        trial.set_user_attr("latency_predicted_ms", predicted)
+        budget = self.s.max_latency_ms
+        if budget is not None and predicted > budget and not self.reference:
+            if not self.single:
+                trial.set_constraint("latency", predicted - budget)  # so the sampler counts it as infeasible
+            self._prune(trial, f"over budget: predicted latency {predicted:.2f} ms > {budget:g} ms")
 
     def _latency(self, trial: optuna.Trial, cfg, model) -> float:
         """Measure (or read from the cache) the model's latency on the target; record it; return the median."""
@@ -456,8 +476,8 @@ def run_search(settings: SearchSettings, *, progress: bool = True) -> optuna.Stu
 class _Reporter:
     """One line per trial this worker finishes and a progress bar of the study's COMPLETE trials, with ETA."""
 
-    def __init__(self, study, total: int, show: bool, metric: str) -> None:
-        self.total, self.show, self.metric = total, show, metric
+    def __init__(self, study, total: int, show: bool, metric: str, label: str = "search") -> None:
+        self.total, self.show, self.metric, self.label = total, show, metric, label
         self.start = time.perf_counter()
         self.progress = None
         self.task_id = None
@@ -467,9 +487,9 @@ class _Reporter:
         if self.show and self.total:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-            self.progress = Progress(TextColumn("search"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
+            self.progress = Progress(TextColumn(self.label), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
             self.progress.__enter__()
-            self.task_id = self.progress.add_task("search", total=self.total, completed=self.complete)
+            self.task_id = self.progress.add_task(self.label, total=self.total, completed=self.complete)
         return self
 
     def __exit__(self, *exc):
@@ -485,6 +505,10 @@ class _Reporter:
         else:
             why = trial.user_attrs.get("pruned") or trial.user_attrs.get("error", "")
             line = f"trial {trial.number:3d}: {trial.state.name} {why[:160]}"
+        self._emit(line, study)
+
+    def _emit(self, line: str, study) -> None:
+        """Print one line above the progress bar (or log it) and advance the bar."""
         if self.progress is not None:
             self.progress.console.print(line, soft_wrap=True, markup=False, highlight=False)
             done = count_states(study)[optuna.trial.TrialState.COMPLETE]

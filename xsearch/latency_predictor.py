@@ -1,0 +1,609 @@
+"""A latency predictor: architecture features -> latency on one target and device.
+
+The features of a ``ModelConfig`` at an input shape are its attention variant (one-hot over
+the registry) and that variant's parameters, its sizes, weight sharing, the input shape, its
+parameter count, and what one forward pass does, counted while it runs: FLOPs (matrix
+products and attention), the number of tensor operations and the elements they write. The
+operation counts stand in for the memory traffic and per-operator overhead that dominate
+many efficient variants on a CPU, where FLOPs alone mislead.
+
+The model, as in HAT (Wang et al., 2020), is a small MLP, here an ensemble of them, fitted
+to the log of the latency over standardised features. Held-out error is measured on
+architectures that the fit never saw (``split_by_architecture``). Everything is saved as
+JSON; predictions are computed with numpy from the saved numbers, so a saved and re-loaded
+predictor predicts exactly the same values.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+FORMAT = "xsearch-latency-predictor/1"
+
+
+@dataclass(frozen=True)
+class LatencyRow:
+    """One measured architecture: what the predictor learns from.
+
+    Attributes:
+        config: the ``ModelConfig`` as a dict.
+        seq_len: the sequence length it was measured at.
+        batch: the batch size it was measured at.
+        latency_ms: the median latency.
+        target: the latency backend (``ort-cpu``, ...).
+        device: the device fingerprint of the measurement.
+    """
+
+    config: dict[str, Any]
+    seq_len: int
+    batch: int
+    latency_ms: float
+    target: str = ""
+    device: dict[str, Any] | None = None
+
+
+# -- features ------------------------------------------------------------------------------------
+def _sdpa_flops(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+    """FLOPs of fused attention: ``Q K^T`` and ``P V`` (the CPU kernel is not in torch's table)."""
+    *batch, s_q, d_q = query_shape
+    s_k, d_v = key_shape[-2], value_shape[-1]
+    return 2 * math.prod(batch) * s_q * s_k * (d_q + d_v)
+
+
+def forward_counts(model, seq_len: int, batch: int = 1) -> dict[str, int]:
+    """Count what one forward pass of ``model`` on ``(batch, seq_len)`` tokens does.
+
+    FLOPs come from ``torch.utils.flop_counter.FlopCounterMode`` (matrix products,
+    convolutions, attention), read off the real operations rather than a per-variant formula
+    that would have to follow each of the 19 variants' code. ``ops`` counts the tensor
+    operations that are not views; ``elements`` sums the sizes of their outputs.
+
+    Returns:
+        ``{"flops": ..., "ops": ..., "elements": ...}``.
+    """
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+    from torch.utils.flop_counter import FlopCounterMode
+
+    class _OpCounter(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ops = 0
+            self.elements = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if not func.is_view:
+                self.ops += 1
+                self.elements += sum(t.numel() for t in tree_leaves(out) if isinstance(t, torch.Tensor))
+            return out
+
+    cfg = model.config
+    ids = torch.randint(1, cfg.vocab_size, (batch, seq_len), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones(batch, seq_len, dtype=torch.bool)
+    sdpa_cpu = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    model.eval().requires_grad_(False)  # FlopCounterMode's module tracker trips over params needing grad
+    with (
+        torch.no_grad(),
+        FlopCounterMode(display=False, custom_mapping={sdpa_cpu: _sdpa_flops}) as flops,
+        _OpCounter() as counter,
+    ):
+        model(ids, mask)
+    return {"flops": int(flops.get_total_flops()), "ops": counter.ops, "elements": counter.elements}
+
+
+def _log2(x: float) -> float:
+    return math.log2(max(float(x), 1e-9))
+
+
+def architecture_features(config, seq_len: int, batch: int = 1) -> dict[str, float]:
+    """The features of one architecture at one input shape.
+
+    Args:
+        config: a ``ModelConfig`` or its dict.
+        seq_len: tokens per sequence.
+        batch: sequences per call.
+
+    Returns:
+        Feature name -> value: ``attention=<name>`` (0/1 for every registered variant), the
+        variant's parameters as ``attention.<name>.<param>`` (integers as ``log2(1 + v)``,
+        booleans 0/1, strings one-hot as ``attention.<name>.<param>=<value>``), ``log2_*``
+        sizes (d_model, n_layers, n_heads, head_dim, d_ff as the mean of the real FFN widths,
+        seq_len, batch), ``sharing=<mode>``, ``log10_parameters``, ``log10_flops``,
+        ``log10_ops`` and ``log10_elements`` of one forward pass. Deterministic.
+
+    Raises:
+        ValueError: an invalid config, or a length over its max_len.
+    """
+    import torch
+
+    from xsearch.attention import list_attentions
+    from xsearch.config import WEIGHT_SHARING, ModelConfig
+    from xsearch.model import build_model, count_parameters
+
+    cfg = config if isinstance(config, ModelConfig) else ModelConfig.from_dict(dict(config))
+    if not 0 < seq_len <= cfg.max_len or batch <= 0:
+        raise ValueError(f"need 0 < seq_len <= max_len={cfg.max_len} and batch > 0, got {seq_len}, {batch}")
+    feats: dict[str, float] = {f"attention={name}": float(name == cfg.attention) for name in list_attentions()}
+    for key, value in sorted(cfg.attention_params.items()):
+        name = f"attention.{cfg.attention}.{key}"
+        if isinstance(value, bool):
+            feats[name] = float(value)
+        elif isinstance(value, int):
+            feats[name] = _log2(1 + value)
+        elif isinstance(value, float):
+            feats[name] = value
+        elif value is not None:
+            feats[f"{name}={value}"] = 1.0
+    ffn = cfg.ffn_dims or [cfg.d_ff] * cfg.n_layers
+    feats |= {
+        "log2_d_model": _log2(cfg.d_model),
+        "log2_n_layers": _log2(cfg.n_layers),
+        "log2_n_heads": _log2(cfg.n_heads),
+        "log2_head_dim": _log2(cfg.head_dim),
+        "log2_d_ff": _log2(sum(ffn) / len(ffn)),
+        "causal": float(cfg.causal),
+        "log2_seq_len": _log2(seq_len),
+        "log2_batch": _log2(batch),
+    }
+    feats |= {f"sharing={mode}": float(cfg.weight_sharing == mode) for mode in WEIGHT_SHARING}
+    with torch.random.fork_rng():  # building draws random weights: leave the caller's RNG alone
+        torch.manual_seed(0)
+        model = build_model(cfg)
+        counts = forward_counts(model, seq_len, batch)
+    feats["log10_parameters"] = math.log10(count_parameters(model))
+    for key, value in counts.items():
+        feats[f"log10_{key}"] = math.log10(max(value, 1))
+    return feats
+
+
+# -- metrics and the split -----------------------------------------------------------------------
+def mape(actual: Sequence[float], predicted: Sequence[float]) -> float:
+    """Mean absolute percentage error, in percent: ``100 * mean(|p - a| / |a|)``."""
+    a, p = np.asarray(actual, dtype=float), np.asarray(predicted, dtype=float)
+    if a.shape != p.shape or a.size == 0:
+        raise ValueError(f"mape needs two equally long, non-empty sequences, got {a.size} and {p.size}")
+    if np.any(a == 0):
+        raise ValueError("mape is undefined when an actual value is 0")
+    return float(100.0 * np.mean(np.abs(p - a) / np.abs(a)))
+
+
+def kendall_tau(x: Sequence[float], y: Sequence[float]) -> float:
+    """Kendall's rank correlation tau-b (ties in either sequence accounted for), in [-1, 1].
+
+    Raises:
+        ValueError: sequences of different lengths, fewer than two values, or a constant sequence.
+    """
+    a, b = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    if a.shape != b.shape or a.size < 2:
+        raise ValueError(f"kendall_tau needs two equally long sequences of >= 2 values, got {a.size} and {b.size}")
+    i, j = np.triu_indices(a.size, k=1)
+    da, db = np.sign(a[i] - a[j]), np.sign(b[i] - b[j])
+    concordant_minus_discordant = float(np.sum(da * db))
+    pairs_a, pairs_b = float(np.count_nonzero(da)), float(np.count_nonzero(db))  # pairs not tied
+    if pairs_a == 0 or pairs_b == 0:
+        raise ValueError("kendall_tau is undefined for a constant sequence")
+    return concordant_minus_discordant / math.sqrt(pairs_a * pairs_b)
+
+
+def architecture_key(config: dict[str, Any]) -> str:
+    """What identifies an architecture (its config without dropout), as a string."""
+    return json.dumps({k: v for k, v in config.items() if k != "dropout"}, sort_keys=True)
+
+
+def split_by_architecture(
+    rows: Sequence[LatencyRow], test_fraction: float = 0.2, seed: int = 0
+) -> tuple[list[int], list[int]]:
+    """Indices of a train and a test part, never with one architecture on both sides.
+
+    Every row of an architecture (measured at several lengths, or measured twice) goes to the
+    same side; the architectures are shuffled with ``seed`` and about ``test_fraction`` of them
+    (at least one) go to the test side.
+
+    Raises:
+        ValueError: a fraction outside (0, 1), or fewer than two architectures.
+    """
+    if not 0.0 < test_fraction < 1.0:
+        raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
+    groups: dict[str, list[int]] = {}
+    for i, row in enumerate(rows):
+        groups.setdefault(architecture_key(row.config), []).append(i)
+    keys = sorted(groups)
+    if len(keys) < 2:
+        raise ValueError(f"a held-out split needs at least two distinct architectures, got {len(keys)}")
+    random.Random(seed).shuffle(keys)
+    n_test = min(len(keys) - 1, max(1, round(test_fraction * len(keys))))
+    test = sorted(i for k in keys[:n_test] for i in groups[k])
+    train = sorted(i for k in keys[n_test:] for i in groups[k])
+    return train, test
+
+
+# -- the model -----------------------------------------------------------------------------------
+MLP_KEYS = ("w1", "b1", "w2", "b2", "w3", "b3")
+RIDGE_ALPHAS = (1e-4, 1e-3, 1e-2, 1e-1, 1.0)
+WEIGHT_DECAYS = (0.1, 1.0, 10.0)
+CV_FOLDS = 4
+
+
+def _ridge(x: np.ndarray, y: np.ndarray, alpha: float) -> tuple[np.ndarray, float]:
+    """Least squares with an L2 penalty ``alpha * n * |w|^2`` and an unpenalised intercept."""
+    xm, ym = x.mean(axis=0), float(y.mean())
+    xc = x - xm
+    w = np.linalg.solve(xc.T @ xc + alpha * len(y) * np.eye(x.shape[1]), xc.T @ (y - ym))
+    return w, ym - float(xm @ w)
+
+
+def _mlp_forward(net: dict[str, np.ndarray], x: np.ndarray, keep: bool = False):
+    """``relu(relu(x W1 + b1) W2 + b2) W3 + b3`` (two hidden layers, as in HAT's predictor)."""
+    a1 = x @ net["w1"] + net["b1"]
+    z1 = np.maximum(a1, 0.0)
+    a2 = z1 @ net["w2"] + net["b2"]
+    z2 = np.maximum(a2, 0.0)
+    out = (z2 @ net["w3"] + net["b3"])[:, 0]
+    return (out, (a1, z1, a2, z2)) if keep else out
+
+
+def _fit_mlp(x: np.ndarray, y: np.ndarray, hidden: int, epochs: int, seed: int, weight_decay: float) -> dict:
+    """One MLP fitted full-batch to mean squared error with AdamW and a cosine schedule (numpy, seeded)."""
+    rng = np.random.default_rng(seed)
+    d = x.shape[1]
+    net = {
+        "w1": rng.normal(0.0, math.sqrt(2.0 / d), (d, hidden)),
+        "b1": np.zeros(hidden),
+        "w2": rng.normal(0.0, math.sqrt(2.0 / hidden), (hidden, hidden)),
+        "b2": np.zeros(hidden),
+        "w3": rng.normal(0.0, math.sqrt(1.0 / hidden), (hidden, 1)),
+        "b3": np.zeros(1),
+    }
+    m = {k: np.zeros_like(v) for k, v in net.items()}
+    v = {k: np.zeros_like(w) for k, w in net.items()}
+    lr, beta1, beta2, eps = 3e-3, 0.9, 0.999, 1e-8
+    for step in range(1, epochs + 1):
+        out, (a1, z1, a2, z2) = _mlp_forward(net, x, keep=True)
+        g_out = (2.0 / len(y)) * (out - y)[:, None]  # d(mean squared error)/d(out)
+        g_a2 = (g_out @ net["w3"].T) * (a2 > 0)
+        g_a1 = (g_a2 @ net["w2"].T) * (a1 > 0)
+        grads = {"w3": z2.T @ g_out, "b3": g_out.sum(0), "w2": z1.T @ g_a2, "b2": g_a2.sum(0), "w1": x.T @ g_a1,
+                 "b1": g_a1.sum(0)}  # fmt: skip
+        rate = lr * 0.5 * (1.0 + math.cos(math.pi * (step - 1) / epochs))
+        for k, g in grads.items():
+            m[k] = beta1 * m[k] + (1 - beta1) * g
+            v[k] = beta2 * v[k] + (1 - beta2) * g * g
+            update = (m[k] / (1 - beta1**step)) / (np.sqrt(v[k] / (1 - beta2**step)) + eps)
+            decay = weight_decay * net[k] if k[0] == "w" else 0.0  # weights decay, biases do not
+            net[k] = net[k] - rate * (update + decay)
+    return net
+
+
+def _grouped_folds(groups: Sequence[str], k: int, seed: int) -> list[np.ndarray]:
+    """``k`` test-index arrays that never split a group (an architecture) between two folds."""
+    keys = sorted(set(groups))
+    random.Random(seed).shuffle(keys)
+    fold_of = {key: i % k for i, key in enumerate(keys)}
+    return [np.array([i for i, g in enumerate(groups) if fold_of[g] == f]) for f in range(k)]
+
+
+class _Model:
+    """Log-latency = ridge regression on the features + an MLP ensemble on what ridge leaves over."""
+
+    def __init__(self, alpha: float, weight_decay: float | None, members: int, hidden: int, epochs: int, seed: int):
+        self.alpha, self.weight_decay = alpha, weight_decay
+        self.members, self.hidden, self.epochs, self.seed = members, hidden, epochs, seed
+        self.w, self.b = np.zeros(0), 0.0
+        self.scale = 1.0
+        self.nets: list[dict[str, np.ndarray]] = []
+
+    def fit(self, x: np.ndarray, y: np.ndarray) -> _Model:
+        self.w, self.b = _ridge(x, y, self.alpha)
+        residual = y - (x @ self.w + self.b)
+        self.scale = float(max(residual.std(), 1e-6))
+        if self.weight_decay is not None:
+            self.nets = [
+                _fit_mlp(x, residual / self.scale, self.hidden, self.epochs, self.seed + i, self.weight_decay)
+                for i in range(self.members)
+            ]
+        return self
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        out = x @ self.w + self.b
+        if self.nets:
+            out = out + self.scale * np.mean([_mlp_forward(net, x) for net in self.nets], axis=0)
+        return out
+
+
+def _cv_error(x, y, folds, make) -> float:
+    """Mean squared error (log latency) over the folds of models built by ``make()``."""
+    errors = []
+    for test in folds:
+        train = np.setdiff1d(np.arange(len(y)), test)
+        errors.append(np.mean((make().fit(x[train], y[train])(x[test]) - y[test]) ** 2))
+    return float(np.mean(errors))
+
+
+class LatencyPredictor:
+    """Predicts the latency (ms) of an architecture on the target and device it was fitted for.
+
+    The log of the latency is modelled as a ridge regression on the standardised features plus
+    an ensemble of MLPs (two hidden ReLU layers) fitted to the ridge's residuals. The ridge
+    carries the near log-linear scaling with size, and extrapolates like it; the MLPs learn what
+    it misses, such as how each variant's overheads grow. The two regularisation strengths are
+    chosen by cross-validation grouped by architecture on the rows given to ``fit``
+    (``"auto"``); a weight decay of None fits no MLP.
+
+    Args:
+        target: the latency backend the data was measured on.
+        device: the device fingerprint of the data.
+        alpha: ridge penalty, or ``"auto"``.
+        weight_decay: the MLPs' weight decay, None (no MLPs) or ``"auto"``.
+        members: MLPs in the ensemble (their outputs are averaged).
+        hidden: width of each MLP's two hidden layers.
+        epochs: full-batch training steps per MLP.
+        seed: seeds the cross-validation folds and the MLPs' initialisation.
+    """
+
+    def __init__(
+        self,
+        target: str = "",
+        device: dict[str, Any] | None = None,
+        *,
+        alpha: float | str = "auto",
+        weight_decay: float | str | None = "auto",
+        members: int = 5,
+        hidden: int = 32,
+        epochs: int = 1000,
+        seed: int = 0,
+    ) -> None:
+        self.target, self.device = target, dict(device or {})
+        self.hyper: dict[str, Any] = {"alpha": alpha, "weight_decay": weight_decay, "members": members,
+                                      "hidden": hidden, "epochs": epochs, "seed": seed}  # fmt: skip
+        self.features: list[str] = []
+        self.mean = self.std = np.zeros(0)
+        self.model: _Model | None = None
+        self.metrics: dict[str, Any] = {}
+        self.data: dict[str, Any] = {}
+
+    @property
+    def fitted(self) -> bool:
+        return self.model is not None
+
+    def _matrix(self, feats: list[dict[str, float]]) -> np.ndarray:
+        x = np.array([[f.get(name, 0.0) for name in self.features] for f in feats], dtype=np.float64)
+        return (x - self.mean) / self.std
+
+    def _model(self, alpha: float, weight_decay: float | None, members: int | None = None) -> _Model:
+        h = self.hyper
+        return _Model(alpha, weight_decay, members or h["members"], h["hidden"], h["epochs"], h["seed"])
+
+    def fit(self, rows: Iterable[LatencyRow], features: list[dict[str, float]] | None = None) -> LatencyPredictor:
+        """Fit on measured rows (all of them; see ``fit_with_holdout`` for a held-out error).
+
+        Args:
+            rows: measured architectures.
+            features: their ``architecture_features`` when already computed (same order).
+
+        Returns:
+            self.
+        """
+        rows = list(rows)
+        if len(rows) < 2:
+            raise ValueError(f"fitting needs at least two measured rows, got {len(rows)}")
+        feats = features if features is not None else [row_features(r) for r in rows]
+        self.features = sorted({name for f in feats for name in f})
+        raw = np.array([[f.get(name, 0.0) for name in self.features] for f in feats], dtype=np.float64)
+        self.mean = raw.mean(axis=0)
+        std = raw.std(axis=0)
+        self.std = np.where(std > 1e-12, std, 1.0)
+        x = self._matrix(feats)
+        y = np.log(np.array([r.latency_ms for r in rows], dtype=np.float64))
+        groups = [architecture_key(r.config) for r in rows]
+        alpha, decay = self.hyper["alpha"], self.hyper["weight_decay"]
+        selection: dict[str, Any] = {}
+        if (alpha == "auto" or decay == "auto") and len(set(groups)) >= CV_FOLDS:
+            folds = _grouped_folds(groups, CV_FOLDS, self.hyper["seed"])
+            if alpha == "auto":
+                errs = {a: _cv_error(x, y, folds, lambda a=a: self._model(a, None)) for a in RIDGE_ALPHAS}
+                alpha = min(errs, key=errs.get)
+                selection["alpha_cv_mse"] = {str(k): v for k, v in errs.items()}
+            if decay == "auto":
+                errs = {d: _cv_error(x, y, folds, lambda d=d: self._model(alpha, d, members=1))
+                        for d in (None, *WEIGHT_DECAYS)}  # fmt: skip
+                decay = min(errs, key=errs.get)
+                selection["weight_decay_cv_mse"] = {str(k): v for k, v in errs.items()}
+        alpha = 0.01 if alpha == "auto" else alpha  # too few architectures to cross-validate
+        decay = None if decay == "auto" else decay
+        self.hyper |= {"alpha": alpha, "weight_decay": decay}
+        self.model = self._model(alpha, decay).fit(x, y)
+        self.data = {
+            "rows": len(rows),
+            "architectures": len(set(groups)),
+            "seq_lens": sorted({r.seq_len for r in rows}),
+            "batches": sorted({r.batch for r in rows}),
+            "latency_ms_range": [min(r.latency_ms for r in rows), max(r.latency_ms for r in rows)],
+            "selection": selection,
+        }
+        return self
+
+    def predict_features(self, feats: list[dict[str, float]]) -> np.ndarray:
+        """Latencies (ms) for precomputed ``architecture_features``."""
+        if self.model is None:
+            raise ValueError("this LatencyPredictor is not fitted")
+        return np.exp(self.model(self._matrix(feats)))
+
+    def predict(self, config, seq_len: int, batch: int = 1) -> float:
+        """Predicted latency in milliseconds of ``config`` (a ``ModelConfig`` or dict) at ``(batch, seq_len)``."""
+        return float(self.predict_features([architecture_features(config, seq_len, batch)])[0])
+
+    # -- JSON ------------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        from xsearch import __version__
+
+        if not self.fitted:
+            raise ValueError("this LatencyPredictor is not fitted")
+        return {
+            "format": FORMAT,
+            "xsearch_version": __version__,
+            "target": self.target,
+            "device": self.device,
+            "model": "log latency = ridge + MLP ensemble on the residuals",
+            "hyper": self.hyper,
+            "features": self.features,
+            "feature_mean": self.mean.tolist(),
+            "feature_std": self.std.tolist(),
+            "ridge": {"weight": self.model.w.tolist(), "bias": self.model.b},
+            "residual_scale": self.model.scale,
+            "members": [{k: net[k].tolist() for k in MLP_KEYS} for net in self.model.nets],
+            "metrics": self.metrics,
+            "data": self.data,
+        }
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write the predictor as JSON (through a temporary name and a rename)."""
+        from xsearch.serialization import atomic_write_text
+
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, json.dumps(self.to_dict(), indent=1))
+        return path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> LatencyPredictor:
+        """Read a predictor written by ``save``.
+
+        Raises:
+            FileNotFoundError: no such file.
+            ValueError: malformed JSON, or not a latency predictor (naming the file).
+        """
+        from xsearch.serialization import read_json
+
+        path = Path(path)
+        doc = read_json(path)
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+            raise ValueError(f"{path} is not an xsearch latency predictor (format {FORMAT!r})")
+        try:
+            p = cls(doc["target"], doc["device"], **doc["hyper"])
+            p.features = list(doc["features"])
+            p.mean = np.array(doc["feature_mean"], dtype=np.float64)
+            p.std = np.array(doc["feature_std"], dtype=np.float64)
+            p.model = p._model(p.hyper["alpha"], p.hyper["weight_decay"])
+            p.model.w = np.array(doc["ridge"]["weight"], dtype=np.float64)
+            p.model.b = float(doc["ridge"]["bias"])
+            p.model.scale = float(doc["residual_scale"])
+            p.model.nets = [{k: np.array(m[k], dtype=np.float64) for k in MLP_KEYS} for m in doc["members"]]
+            p.metrics, p.data = dict(doc.get("metrics") or {}), dict(doc.get("data") or {})
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"{path}: a malformed latency predictor ({type(e).__name__}: {e})") from None
+        n = len(p.features)
+        if (
+            len(p.mean) != n
+            or len(p.std) != n
+            or len(p.model.w) != n
+            or any(m["w1"].shape[0] != n for m in p.model.nets)
+        ):
+            raise ValueError(f"{path}: a malformed latency predictor (feature sizes do not match)")
+        return p
+
+
+def row_features(row: LatencyRow) -> dict[str, float]:
+    """``architecture_features`` of a measured row."""
+    return architecture_features(row.config, row.seq_len, row.batch)
+
+
+def fit_with_holdout(
+    rows: Sequence[LatencyRow],
+    *,
+    test_fraction: float = 0.2,
+    seed: int = 0,
+    progress=None,
+    **hyper: Any,
+) -> LatencyPredictor:
+    """Measure the held-out error on unseen architectures, then fit on every row.
+
+    The rows are split by architecture (``split_by_architecture``); a predictor fitted on the
+    train part is scored on the test part (MAPE, Kendall tau, worst errors), and the returned
+    predictor, fitted the same way on all rows, carries those figures in ``metrics``.
+
+    Args:
+        rows: rows of one target and device (``target`` and ``device`` are taken from the first).
+        progress: called as ``progress(done, total)`` while the features are computed.
+        hyper: ``LatencyPredictor`` settings (members, hidden, epochs, weight_decay).
+    """
+    rows = list(rows)
+    train, test = split_by_architecture(rows, test_fraction, seed)
+    feats = []
+    for i, row in enumerate(rows):
+        feats.append(row_features(row))
+        if progress is not None:
+            progress(i + 1, len(rows))
+    target, device = rows[0].target, rows[0].device
+    held = LatencyPredictor(target, device, seed=seed, **hyper)
+    held.fit([rows[i] for i in train], [feats[i] for i in train])
+    pred = held.predict_features([feats[i] for i in test])
+    actual = np.array([rows[i].latency_ms for i in test])
+    errors = np.abs(pred - actual) / actual
+    worst = sorted(range(len(test)), key=lambda k: -errors[k])[:5]
+    metrics = {
+        "mape": mape(actual, pred),
+        "kendall_tau": kendall_tau(actual, pred) if len(test) > 1 else None,
+        "n_train": len(train),
+        "n_test": len(test),
+        "n_train_architectures": len({architecture_key(rows[i].config) for i in train}),
+        "n_test_architectures": len({architecture_key(rows[i].config) for i in test}),
+        "test_fraction": test_fraction,
+        "split_seed": seed,
+        "worst": [
+            {
+                "attention": rows[test[k]].config.get("attention"),
+                "seq_len": rows[test[k]].seq_len,
+                "measured_ms": float(actual[k]),
+                "predicted_ms": float(pred[k]),
+                "error_pct": float(100 * errors[k]),
+            }
+            for k in worst
+        ],  # fmt: skip
+        "test": [
+            {
+                "attention": rows[i].config.get("attention"),
+                "seq_len": rows[i].seq_len,
+                "measured_ms": float(a),
+                "predicted_ms": float(p),
+            }
+            for i, a, p in zip(test, actual, pred)
+        ],  # fmt: skip
+    }
+    final = LatencyPredictor(target, device, seed=seed, **hyper).fit(rows, feats)
+    final.metrics = metrics
+    return final
+
+
+def load_for_target(path: str | os.PathLike, target: str, threads: int | None) -> LatencyPredictor:
+    """Load a predictor for use on ``target``; warn (logging) when it was fitted on another device.
+
+    Raises:
+        ValueError: a predictor fitted for another target (naming both), or a malformed file.
+        FileNotFoundError: no such file.
+    """
+    import logging
+
+    from xsearch.latency import device_fingerprint
+
+    predictor = LatencyPredictor.load(path)
+    if predictor.target != target:
+        raise ValueError(f"latency predictor {path} was fitted for target {predictor.target!r}, not {target!r}")
+    here = device_fingerprint(target, threads)
+    differ = sorted(k for k in set(here) | set(predictor.device) if here.get(k) != predictor.device.get(k))
+    if differ:
+        logging.getLogger("xsearch.search").warning(
+            "latency predictor %s was fitted on another device (%s differ: %s here, %s there); predictions may be off",
+            path, ", ".join(differ), {k: here.get(k) for k in differ}, {k: predictor.device.get(k) for k in differ},
+        )  # fmt: skip
+    return predictor
