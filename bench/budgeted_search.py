@@ -35,7 +35,7 @@ from xsearch.search import SearchSettings, is_feasible, run_search, trial_latenc
 from xsearch.search_spaces import load_space
 from xsearch.tasks import get_task
 
-THREADS = 2
+THREADS = 2  # latency measurement (the deployment setting)
 TASK_OPTIONS = {"n_train": 2000, "n_valid": 200, "n_test": 200, "max_len": 256}
 
 
@@ -74,9 +74,10 @@ def main() -> int:
     p.add_argument("--space", default="tiny")
     p.add_argument("--target", default="ort-cpu")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--train-threads", type=int, default=1, help="torch threads for training (1 on a shared machine)")
     args = p.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    torch.set_num_threads(THREADS)
+    torch.set_num_threads(args.train_threads)
     task = get_task("listops", **TASK_OPTIONS)
     space = load_space(args.space, max_len=task.max_len)
     torch.manual_seed(0)
