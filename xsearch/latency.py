@@ -261,6 +261,7 @@ def _timed_runs(run: Callable[[], float], warmup: int, repeats: int, patience: f
             clean.append(ms)
         else:
             slowed.append((waited, ms))
+            time.sleep(min(1.0, max(0.05, 2e-3 * ms)))  # back off: no point competing for a busy CPU
     missing = repeats - len(clean)
     return clean + [ms for _, ms in sorted(slowed)[:missing]], max(0, missing)
 
