@@ -18,6 +18,7 @@ budgeted search samples more candidates (its pruned ones come on top); the table
 trials sampled as the two-objective search and to the same number of COMPLETE trials.
 
     python bench/budgeted_search.py [--trials 12] [--train-steps 200] [--budget-frac 0.2] [--space tiny]
+                                    [--task-opt max_depth=3 ...]
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import optuna
 import torch
 
 import xsearch
+from xsearch.cli import parse_assignments
 from xsearch.latency import measure
 from xsearch.search import SearchSettings, is_feasible, run_search, trial_latency_ms, trial_metric
 from xsearch.search_spaces import load_space
@@ -77,24 +79,26 @@ def main() -> int:
     p.add_argument("--space", default="tiny")
     p.add_argument("--target", default="ort-cpu")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--task-opt", action="append", metavar="KEY=VALUE", help="a ListOps option over the bench's")
     p.add_argument("--train-threads", type=int, default=1, help="torch threads for training (1 on a shared machine)")
     args = p.parse_args()
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(args.train_threads)
-    task = get_task("listops", **TASK_OPTIONS)
+    task_options = TASK_OPTIONS | parse_assignments(args.task_opt, "--task-opt")
+    task = get_task("listops", **task_options)
     space = load_space(args.space, max_len=task.max_len)
     torch.manual_seed(0)
     ref = xsearch.build_model(space.reference_config(task.model_fields()))
     ref_ms = measure(ref, args.target, seq_len=task.max_len, threads=THREADS, repeats=20).median_ms
     budget = round(args.budget_frac * ref_ms, 3)
-    print(f"ListOps (max_len {task.max_len}, {TASK_OPTIONS['n_train']} train), space {args.space!r}, "
+    print(f"ListOps ({', '.join(f'{k} {v}' for k, v in task_options.items())}), space {args.space!r}, "
           f"{args.target} ({THREADS} threads): reference {ref_ms:.2f} ms, budget {budget:.3f} ms; "
           f"{args.trials} COMPLETE trials of {args.train_steps} steps each, seed {args.seed}")  # fmt: skip
     rows = {}
     with tempfile.TemporaryDirectory() as d:
         for objective in ("accuracy", "both"):
             settings = SearchSettings(
-                task="listops", task_options=TASK_OPTIONS, space=args.space, target=args.target,
+                task="listops", task_options=task_options, space=args.space, target=args.target,
                 trials=args.trials, storage=f"sqlite:///{d}/bench.db", study=objective, max_latency_ms=budget,
                 train_steps=args.train_steps, train_seconds=None, seed=args.seed, threads=THREADS,
                 latency_cache=f"{d}/latency.jsonl", objective=objective,

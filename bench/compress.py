@@ -3,9 +3,11 @@
 A ListOps model (from a search study with --storage/--study, or a representative config) is
 trained; a copy is pruned, fine-tuned with distillation from the original, exported and
 quantized to dynamic int8. Both are timed under onnxruntime on this CPU and scored on the test
-split through the Predictor.
+split through the Predictor. The three ONNX files are timed interleaved in one process
+(``measure_interleaved``), so a change in machine load hits all three alike.
 
     python bench/compress.py [--storage sqlite:///runs/xsearch.db --study NAME] [--train-seconds 180]
+                             [--max-len 256] [--heads 0.5] [--ffn 0.5]
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import torch
 import xsearch
 from xsearch.compress import distill, prune
 from xsearch.export import Predictor, quantize_onnx, to_onnx
-from xsearch.latency import measure
+from xsearch.latency import measure_interleaved
 from xsearch.tasks import get_task
 
 THREADS = 2
@@ -45,9 +47,10 @@ def main() -> int:
     p.add_argument("--distill-steps", type=int, default=1500)
     p.add_argument("--heads", type=float, default=0.5)
     p.add_argument("--ffn", type=float, default=0.5)
+    p.add_argument("--max-len", type=int, default=256, help="ListOps sequence length (and the timed length)")
     args = p.parse_args()
     torch.set_num_threads(THREADS)
-    task = get_task("listops", n_train=6000, n_valid=300, n_test=1000)
+    task = get_task("listops", n_train=6000, n_valid=300, n_test=1000, max_len=args.max_len)
     if args.study:
         from xsearch.report import load, pick
 
@@ -71,11 +74,12 @@ def main() -> int:
         to_onnx(model, base, task=task.describe())
         to_onnx(small, pruned, task=task.describe())
         quantize_onnx(pruned, q, "dynamic-int8")
-        rows = []
-        for label, m, path in (("fp32 (uncompressed)", model, base), ("pruned + distilled fp32", small, pruned),
-                               ("pruned + distilled int8", small, q)):  # fmt: skip
-            lat = measure(path, "ort-cpu", seq_len=task.max_len, threads=THREADS, repeats=30).median_ms
-            rows.append((label, xsearch.count_parameters(m), path.stat().st_size, lat, accuracy(path, task)))
+        variants = (("fp32 (uncompressed)", model, base), ("pruned + distilled fp32", small, pruned),
+                    ("pruned + distilled int8", small, q))  # fmt: skip
+        stats = measure_interleaved({label: path for label, _, path in variants}, "ort-cpu", seq_len=task.max_len,
+                                    threads=THREADS, repeats=60, rounds=6)  # fmt: skip
+        rows = [(label, xsearch.count_parameters(m), path.stat().st_size, stats[label].median_ms, accuracy(path, task))
+                for label, m, path in variants]  # fmt: skip
     base_row = rows[0]
     print(
         f"| model | parameters | file KB | ort-cpu ms (N={task.max_len}) | speedup | smaller | test accuracy | delta |"

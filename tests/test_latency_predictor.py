@@ -15,10 +15,13 @@ import xsearch
 from xsearch.cli import main
 from xsearch.latency import device_fingerprint
 from xsearch.latency_predictor import (
+    COUNT_KINDS,
     LatencyPredictor,
     LatencyRow,
+    _nnls,
     architecture_features,
     fit_with_holdout,
+    forward_counts,
     kendall_tau,
     mape,
     split_by_architecture,
@@ -82,6 +85,55 @@ def test_features_are_deterministic_distinguish_variants_and_leave_the_rng_alone
     assert shared["log10_flops"] == unshared["log10_flops"]  # shared weights, same work
     with pytest.raises(ValueError, match="max_len=64"):
         architecture_features(config("full"), 65)
+
+
+def test_forward_counts_split_the_work_by_kind():
+    full = xsearch.build_model(xsearch.ModelConfig.from_dict(config("full", n_layers=2, n_heads=2)))
+    counts = forward_counts(full, 64, batch=3)
+    assert set(COUNT_KINDS) <= set(counts)
+    assert counts["flops_matmul"] + counts["flops_attention"] == counts["flops"]
+    # fused attention: Q K^T and P V over 2 heads of 16 dims, and the 64 x 64 scores, per layer and sequence
+    assert counts["flops_attention"] == 2 * 3 * 2 * (2 * 2 * 64 * 64 * 16)
+    assert counts["elements_attention"] == 2 * 3 * 2 * 64 * 64
+    assert counts["elements_sort"] == 0
+    reformer = xsearch.build_model(xsearch.ModelConfig.from_dict(config("reformer", {"bucket_size": 16})))
+    assert forward_counts(reformer, 64)["elements_sort"] > 0  # hashing sorts tokens into buckets
+    linear = xsearch.build_model(xsearch.ModelConfig.from_dict(config("linear")))
+    assert forward_counts(linear, 64)["flops_attention"] == 0  # no n x n scores at all
+
+
+def test_nnls_meets_the_optimality_conditions():
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        a, b = rng.normal(size=(30, 6)), rng.normal(size=30)
+        x = _nnls(a, b)
+        gradient = a.T @ (b - a @ x)  # minus half the gradient of |a x - b|^2
+        assert (x >= 0).all()
+        assert np.allclose(gradient[x > 0], 0.0, atol=1e-8)  # free coefficients: stationary
+        assert (gradient[x == 0] <= 1e-8).all()  # coefficients at the bound: pushing them up would not help
+    a = rng.uniform(size=(20, 3))
+    assert np.allclose(_nnls(a, a @ np.array([1.0, 2.0, 3.0])), [1.0, 2.0, 3.0])  # exact, positive: lstsq's answer
+
+
+def test_additive_stage_extrapolates_a_sum_of_work():
+    """Latency that is a sum of costs per unit of work is predicted for models bigger than any fitted."""
+    rng = random.Random(0)
+    configs = []
+    for _ in range(40):
+        attention = rng.choice(sorted(VARIANTS))
+        configs.append(config(attention, VARIANTS[attention], d_model=rng.choice([16, 32]),
+                              n_layers=rng.choice([1, 2]), d_ff=rng.choice([32, 64])))  # fmt: skip
+    configs += [config("full", d_model=d_model, n_layers=3, d_ff=256) for d_model in (64, 96)]  # bigger than any
+    feats = [architecture_features(c, 64) for c in configs]
+    rows = [LatencyRow(c, 64, 1, 0.02 + 2e-9 * 10 ** f["log10_flops"] + 1e-4 * 10 ** f["log10_ops"])
+            for c, f in zip(configs, feats)]  # fmt: skip
+    unseen = [r.latency_ms for r in rows[40:]]
+    errors = {}
+    for additive in (True, False):
+        p = LatencyPredictor(additive=additive, alpha=1e-4, weight_decay=None).fit(rows[:40], feats[:40])
+        errors[additive] = mape(unseen, p.predict_features(feats[40:]))
+    assert errors[True] < 3.0
+    assert errors[False] > 2 * errors[True]  # a power law in log space misses the sum where it has no data
 
 
 def test_mape_and_kendall_tau_against_hand_computed_values():

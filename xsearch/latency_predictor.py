@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-FORMAT = "xsearch-latency-predictor/1"
+FORMAT = "xsearch-latency-predictor/2"
 
 
 @dataclass(frozen=True)
@@ -59,33 +59,92 @@ def _sdpa_flops(query_shape, key_shape, value_shape, *args, out_shape=None, **kw
     return 2 * math.prod(batch) * s_q * s_k * (d_q + d_v)
 
 
+# What an operation costs is read off its kind: matrix products by their FLOPs, the rest by the
+# elements they touch (reductions and sorts by what they read, everything else by what it writes).
+# Operators that only build constants from shapes (folded away in an exported graph) are counted
+# as operations but touch nothing.
+_ATTENTION_OPS = frozenset({
+    "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention",
+    "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
+    "_scaled_dot_product_attention_math", "scaled_dot_product_attention",
+})  # fmt: skip
+_MATMUL_OPS = frozenset({"mm", "bmm", "addmm", "baddbmm", "addbmm", "matmul", "linear", "convolution", "einsum"})
+_REDUCTION_OPS = frozenset({
+    "native_layer_norm", "layer_norm", "_softmax", "softmax", "_log_softmax", "logsumexp", "sum", "mean", "amax",
+    "amin", "max", "min", "argmax", "argmin", "linalg_vector_norm", "norm", "any", "all", "var", "std", "prod",
+    "cumsum", "cumprod",
+})  # fmt: skip
+_SORT_OPS = frozenset({"sort", "topk", "argsort", "kthvalue", "median"})
+_MOVEMENT_OPS = frozenset({
+    "cat", "stack", "clone", "_to_copy", "copy", "copy_", "contiguous", "index", "index_select", "gather", "scatter",
+    "scatter_add", "scatter_reduce", "index_put", "index_put_", "index_add", "constant_pad_nd", "embedding",
+    "repeat", "roll", "flip", "tril", "triu", "masked_select", "_unsafe_view",
+})  # fmt: skip
+_CONSTANT_OPS = frozenset({
+    "arange", "new_full", "new_zeros", "new_ones", "new_empty", "scalar_tensor", "zeros", "ones", "full", "empty",
+    "eye", "zeros_like", "ones_like", "full_like", "empty_like", "_local_scalar_dense", "lift_fresh",
+})  # fmt: skip
+#: The kinds ``forward_counts`` reports, besides ``flops``, ``ops`` and ``elements``.
+COUNT_KINDS = ("flops_matmul", "flops_attention", "elements_attention", "elements_pointwise", "elements_reduction",
+               "elements_movement", "elements_sort")  # fmt: skip
+
+
+def _op_kind(name: str) -> str:
+    if name in _CONSTANT_OPS:
+        return "constant"
+    if name in _REDUCTION_OPS:
+        return "elements_reduction"
+    if name in _SORT_OPS:
+        return "elements_sort"
+    if name in _MOVEMENT_OPS:
+        return "elements_movement"
+    return "elements_pointwise"
+
+
 def forward_counts(model, seq_len: int, batch: int = 1) -> dict[str, int]:
     """Count what one forward pass of ``model`` on ``(batch, seq_len)`` tokens does.
 
     FLOPs come from ``torch.utils.flop_counter.FlopCounterMode`` (matrix products,
     convolutions, attention), read off the real operations rather than a per-variant formula
     that would have to follow each of the 19 variants' code. ``ops`` counts the tensor
-    operations that are not views; ``elements`` sums the sizes of their outputs.
+    operations that are not views; ``elements`` sums the sizes of their outputs. The same work
+    is also split by kind (``COUNT_KINDS``): FLOPs of matrix products and of fused attention,
+    the attention scores that fused attention computes (an exported graph may hold them in memory),
+    and the elements touched by pointwise operations, reductions (layer norm, softmax, sums),
+    data movement (concatenation, copies, gathers, scatters) and sorts (Reformer's buckets,
+    Routing's top-k), which a CPU runs at very different speeds.
 
     Returns:
-        ``{"flops": ..., "ops": ..., "elements": ...}``.
+        ``{"flops": ..., "ops": ..., "elements": ..., "flops_matmul": ..., ...}``.
     """
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_leaves
     from torch.utils.flop_counter import FlopCounterMode
 
+    def numel(tree) -> int:
+        return sum(t.numel() for t in tree_leaves(tree) if isinstance(t, torch.Tensor))
+
     class _OpCounter(TorchDispatchMode):
         def __init__(self) -> None:
             super().__init__()
-            self.ops = 0
-            self.elements = 0
+            self.counts = dict.fromkeys(("ops", "elements", *COUNT_KINDS), 0)
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             out = func(*args, **(kwargs or {}))
             if not func.is_view:
-                self.ops += 1
-                self.elements += sum(t.numel() for t in tree_leaves(out) if isinstance(t, torch.Tensor))
+                name = func.overloadpacket.__name__
+                self.counts["ops"] += 1
+                self.counts["elements"] += numel(out)
+                if name in _ATTENTION_OPS:  # the scores: (..., Sq, Sk), in memory unless the kernel fuses
+                    query, key = args[0], args[1]
+                    self.counts["elements_attention"] += query.shape[:-1].numel() * key.shape[-2]
+                elif name not in _MATMUL_OPS:
+                    kind = _op_kind(name)
+                    if kind in ("elements_reduction", "elements_sort"):
+                        self.counts[kind] += numel((args, kwargs))
+                    elif kind != "constant":
+                        self.counts[kind] += numel(out)
             return out
 
     cfg = model.config
@@ -99,7 +158,10 @@ def forward_counts(model, seq_len: int, batch: int = 1) -> dict[str, int]:
         _OpCounter() as counter,
     ):
         model(ids, mask)
-    return {"flops": int(flops.get_total_flops()), "ops": counter.ops, "elements": counter.elements}
+    by_op = flops.get_flop_counts().get("Global", {})
+    attention = sum(int(v) for op, v in by_op.items() if getattr(op, "__name__", str(op)) in _ATTENTION_OPS)
+    total = int(flops.get_total_flops())
+    return {"flops": total, **counter.counts, "flops_matmul": total - attention, "flops_attention": attention}
 
 
 def _log2(x: float) -> float:
@@ -120,7 +182,8 @@ def architecture_features(config, seq_len: int, batch: int = 1) -> dict[str, flo
         booleans 0/1, strings one-hot as ``attention.<name>.<param>=<value>``), ``log2_*``
         sizes (d_model, n_layers, n_heads, head_dim, d_ff as the mean of the real FFN widths,
         seq_len, batch), ``sharing=<mode>``, ``log10_parameters``, ``log10_flops``,
-        ``log10_ops`` and ``log10_elements`` of one forward pass. Deterministic.
+        ``log10_ops``, ``log10_elements`` and ``log10_<kind>`` of each of ``COUNT_KINDS`` of one
+        forward pass. Deterministic.
 
     Raises:
         ValueError: an invalid config, or a length over its max_len.
@@ -293,19 +356,65 @@ def _grouped_folds(groups: Sequence[str], k: int, seed: int) -> list[np.ndarray]
     return [np.array([i for i, g in enumerate(groups) if fold_of[g] == f]) for f in range(k)]
 
 
-class _Model:
-    """Log-latency = ridge regression on the features + an MLP ensemble on what ridge leaves over."""
+#: The additive first stage: latency ~ c0 + sum of c_k * count_k over these (non-negative c).
+ADDITIVE_TERMS = tuple(f"log10_{kind}" for kind in ("ops", *COUNT_KINDS))
 
-    def __init__(self, alpha: float, weight_decay: float | None, members: int, hidden: int, epochs: int, seed: int):
-        self.alpha, self.weight_decay = alpha, weight_decay
+
+def _nnls(a: np.ndarray, b: np.ndarray, max_iter: int = 200) -> np.ndarray:
+    """``argmin |a x - b|`` subject to ``x >= 0`` (Lawson and Hanson's active-set method)."""
+    n = a.shape[1]
+    passive = np.zeros(n, dtype=bool)
+    x = np.zeros(n)
+    for _ in range(max_iter):
+        gradient = a.T @ (b - a @ x)
+        if passive.all() or gradient[~passive].max() <= 1e-10 * max(1.0, float(np.abs(gradient).max())):
+            break
+        passive[np.argmax(np.where(passive, -np.inf, gradient))] = True
+        while True:
+            z = np.zeros(n)
+            z[passive] = np.linalg.lstsq(a[:, passive], b, rcond=None)[0]
+            if (z[passive] > 0).all():
+                x = z
+                break
+            blocking = passive & (z <= 0)  # step back to where the first coefficient reaches 0
+            x = x + np.min(x[blocking] / (x[blocking] - z[blocking])) * (z - x)
+            passive &= x > 1e-15
+            x[~passive] = 0.0
+    return x
+
+
+class _Model:
+    """Log-latency = log of an additive cost model + ridge regression + an MLP ensemble.
+
+    The additive stage prices what one forward pass does (``a``: a constant and the counts of
+    ``ADDITIVE_TERMS``, scaled to at most 1) with non-negative costs fitted to relative error,
+    so that it extrapolates to bigger or smaller models as sums of work do. The ridge, on the
+    standardised features ``x``, corrects it by factors (per variant, per size); the MLPs learn
+    what both miss.
+    """
+
+    def __init__(self, additive: bool, alpha: float, weight_decay: float | None, members: int, hidden: int,
+                 epochs: int, seed: int):  # fmt: skip
+        self.additive, self.alpha, self.weight_decay = additive, alpha, weight_decay
         self.members, self.hidden, self.epochs, self.seed = members, hidden, epochs, seed
+        self.costs = np.zeros(0)
         self.w, self.b = np.zeros(0), 0.0
         self.scale = 1.0
         self.nets: list[dict[str, np.ndarray]] = []
 
-    def fit(self, x: np.ndarray, y: np.ndarray) -> _Model:
-        self.w, self.b = _ridge(x, y, self.alpha)
-        residual = y - (x @ self.w + self.b)
+    def base(self, a: np.ndarray) -> np.ndarray:
+        """Log of the additive stage's latency (0 without that stage)."""
+        if not self.additive:
+            return np.zeros(len(a))
+        return np.log(np.maximum(a @ self.costs, 1e-9))
+
+    def fit(self, x: np.ndarray, a: np.ndarray, y: np.ndarray) -> _Model:
+        if self.additive:
+            latency = np.exp(y)
+            self.costs = _nnls(a / latency[:, None], np.ones_like(latency))  # relative error: (a c - t) / t
+        target = y - self.base(a)
+        self.w, self.b = _ridge(x, target, self.alpha)
+        residual = target - (x @ self.w + self.b)
         self.scale = float(max(residual.std(), 1e-6))
         if self.weight_decay is not None:
             self.nets = [
@@ -314,35 +423,39 @@ class _Model:
             ]
         return self
 
-    def __call__(self, x: np.ndarray) -> np.ndarray:
-        out = x @ self.w + self.b
+    def __call__(self, x: np.ndarray, a: np.ndarray) -> np.ndarray:
+        out = self.base(a) + x @ self.w + self.b
         if self.nets:
             out = out + self.scale * np.mean([_mlp_forward(net, x) for net in self.nets], axis=0)
         return out
 
 
-def _cv_error(x, y, folds, make) -> float:
+def _cv_error(x, a, y, folds, make) -> float:
     """Mean squared error (log latency) over the folds of models built by ``make()``."""
     errors = []
     for test in folds:
         train = np.setdiff1d(np.arange(len(y)), test)
-        errors.append(np.mean((make().fit(x[train], y[train])(x[test]) - y[test]) ** 2))
+        errors.append(np.mean((make().fit(x[train], a[train], y[train])(x[test], a[test]) - y[test]) ** 2))
     return float(np.mean(errors))
 
 
 class LatencyPredictor:
     """Predicts the latency (ms) of an architecture on the target and device it was fitted for.
 
-    The log of the latency is modelled as a ridge regression on the standardised features plus
-    an ensemble of MLPs (two hidden ReLU layers) fitted to the ridge's residuals. The ridge
-    carries the near log-linear scaling with size, and extrapolates like it; the MLPs learn what
-    it misses, such as how each variant's overheads grow. The two regularisation strengths are
+    The log of the latency is modelled in three stages: an additive cost model (a non-negative
+    price per FLOP of matrix products and of attention, per element of pointwise, reduction,
+    data-movement and sort work, per operation, and a constant), a ridge regression on the
+    standardised features that corrects it by factors, and an ensemble of MLPs (two hidden ReLU
+    layers) fitted to the ridge's residuals. The additive stage carries how latency grows with
+    work, and extrapolates like it; the ridge learns each variant's and size's efficiency; the
+    MLPs learn what both miss. The two regularisation strengths are
     chosen by cross-validation grouped by architecture on the rows given to ``fit``
     (``"auto"``); a weight decay of None fits no MLP.
 
     Args:
         target: the latency backend the data was measured on.
         device: the device fingerprint of the data.
+        additive: whether to fit the additive stage: True, False or ``"auto"``.
         alpha: ridge penalty, or ``"auto"``.
         weight_decay: the MLPs' weight decay, None (no MLPs) or ``"auto"``.
         members: MLPs in the ensemble (their outputs are averaged).
@@ -356,6 +469,7 @@ class LatencyPredictor:
         target: str = "",
         device: dict[str, Any] | None = None,
         *,
+        additive: bool | str = "auto",
         alpha: float | str = "auto",
         weight_decay: float | str | None = "auto",
         members: int = 5,
@@ -364,10 +478,11 @@ class LatencyPredictor:
         seed: int = 0,
     ) -> None:
         self.target, self.device = target, dict(device or {})
-        self.hyper: dict[str, Any] = {"alpha": alpha, "weight_decay": weight_decay, "members": members,
-                                      "hidden": hidden, "epochs": epochs, "seed": seed}  # fmt: skip
+        self.hyper: dict[str, Any] = {"additive": additive, "alpha": alpha, "weight_decay": weight_decay,
+                                      "members": members, "hidden": hidden, "epochs": epochs, "seed": seed}  # fmt: skip
         self.features: list[str] = []
         self.mean = self.std = np.zeros(0)
+        self.additive_scale = np.zeros(0)
         self.model: _Model | None = None
         self.metrics: dict[str, Any] = {}
         self.data: dict[str, Any] = {}
@@ -380,9 +495,15 @@ class LatencyPredictor:
         x = np.array([[f.get(name, 0.0) for name in self.features] for f in feats], dtype=np.float64)
         return (x - self.mean) / self.std
 
-    def _model(self, alpha: float, weight_decay: float | None, members: int | None = None) -> _Model:
+    def _additive(self, feats: list[dict[str, float]]) -> np.ndarray:
+        """The additive stage's inputs: a constant, then each term's count over its scale."""
+        counts = np.array([[10.0 ** f.get(name, 0.0) if f.get(name, 0.0) > 0 else 0.0 for name in ADDITIVE_TERMS]
+                           for f in feats])  # fmt: skip
+        return np.hstack([np.ones((len(feats), 1)), counts / self.additive_scale])
+
+    def _model(self, additive: bool, alpha: float, weight_decay: float | None, members: int | None = None) -> _Model:
         h = self.hyper
-        return _Model(alpha, weight_decay, members or h["members"], h["hidden"], h["epochs"], h["seed"])
+        return _Model(additive, alpha, weight_decay, members or h["members"], h["hidden"], h["epochs"], h["seed"])
 
     def fit(self, rows: Iterable[LatencyRow], features: list[dict[str, float]] | None = None) -> LatencyPredictor:
         """Fit on measured rows (all of them; see ``fit_with_holdout`` for a held-out error).
@@ -404,25 +525,32 @@ class LatencyPredictor:
         std = raw.std(axis=0)
         self.std = np.where(std > 1e-12, std, 1.0)
         x = self._matrix(feats)
+        self.additive_scale = np.ones(len(ADDITIVE_TERMS))
+        scale = self._additive(feats)[:, 1:].max(axis=0)
+        self.additive_scale = np.where(scale > 0, scale, 1.0)
+        a = self._additive(feats)
         y = np.log(np.array([r.latency_ms for r in rows], dtype=np.float64))
         groups = [architecture_key(r.config) for r in rows]
-        alpha, decay = self.hyper["alpha"], self.hyper["weight_decay"]
+        additive, alpha, decay = self.hyper["additive"], self.hyper["alpha"], self.hyper["weight_decay"]
         selection: dict[str, Any] = {}
-        if (alpha == "auto" or decay == "auto") and len(set(groups)) >= CV_FOLDS:
+        if "auto" in (additive, alpha, decay) and len(set(groups)) >= CV_FOLDS:
             folds = _grouped_folds(groups, CV_FOLDS, self.hyper["seed"])
-            if alpha == "auto":
-                errs = {a: _cv_error(x, y, folds, lambda a=a: self._model(a, None)) for a in RIDGE_ALPHAS}
-                alpha = min(errs, key=errs.get)
-                selection["alpha_cv_mse"] = {str(k): v for k, v in errs.items()}
+            if additive == "auto" or alpha == "auto":  # chosen together: the ridge corrects the additive stage
+                grid = [(ad, r) for ad in ((True, False) if additive == "auto" else (additive,))
+                        for r in (RIDGE_ALPHAS if alpha == "auto" else (alpha,))]  # fmt: skip
+                errs = {g: _cv_error(x, a, y, folds, lambda g=g: self._model(g[0], g[1], None)) for g in grid}
+                additive, alpha = min(errs, key=errs.get)
+                selection["additive_alpha_cv_mse"] = {f"{ad},{r}": v for (ad, r), v in errs.items()}
             if decay == "auto":
-                errs = {d: _cv_error(x, y, folds, lambda d=d: self._model(alpha, d, members=1))
+                errs = {d: _cv_error(x, a, y, folds, lambda d=d: self._model(additive, alpha, d, members=1))
                         for d in (None, *WEIGHT_DECAYS)}  # fmt: skip
                 decay = min(errs, key=errs.get)
                 selection["weight_decay_cv_mse"] = {str(k): v for k, v in errs.items()}
-        alpha = 0.01 if alpha == "auto" else alpha  # too few architectures to cross-validate
+        additive = True if additive == "auto" else additive  # too few architectures to cross-validate
+        alpha = 0.01 if alpha == "auto" else alpha
         decay = None if decay == "auto" else decay
-        self.hyper |= {"alpha": alpha, "weight_decay": decay}
-        self.model = self._model(alpha, decay).fit(x, y)
+        self.hyper |= {"additive": additive, "alpha": alpha, "weight_decay": decay}
+        self.model = self._model(additive, alpha, decay).fit(x, a, y)
         self.data = {
             "rows": len(rows),
             "architectures": len(set(groups)),
@@ -437,7 +565,7 @@ class LatencyPredictor:
         """Latencies (ms) for precomputed ``architecture_features``."""
         if self.model is None:
             raise ValueError("this LatencyPredictor is not fitted")
-        return np.exp(self.model(self._matrix(feats)))
+        return np.exp(self.model(self._matrix(feats), self._additive(feats)))
 
     def predict(self, config, seq_len: int, batch: int = 1) -> float:
         """Predicted latency in milliseconds of ``config`` (a ``ModelConfig`` or dict) at ``(batch, seq_len)``."""
@@ -454,11 +582,16 @@ class LatencyPredictor:
             "xsearch_version": __version__,
             "target": self.target,
             "device": self.device,
-            "model": "log latency = ridge + MLP ensemble on the residuals",
+            "model": "log latency = log(additive cost model) + ridge + MLP ensemble on the residuals",
             "hyper": self.hyper,
             "features": self.features,
             "feature_mean": self.mean.tolist(),
             "feature_std": self.std.tolist(),
+            "additive": {
+                "terms": ["constant", *ADDITIVE_TERMS],
+                "scale": [1.0, *self.additive_scale.tolist()],
+                "cost": self.model.costs.tolist(),
+            },
             "ridge": {"weight": self.model.w.tolist(), "bias": self.model.b},
             "residual_scale": self.model.scale,
             "members": [{k: net[k].tolist() for k in MLP_KEYS} for net in self.model.nets],
@@ -494,7 +627,11 @@ class LatencyPredictor:
             p.features = list(doc["features"])
             p.mean = np.array(doc["feature_mean"], dtype=np.float64)
             p.std = np.array(doc["feature_std"], dtype=np.float64)
-            p.model = p._model(p.hyper["alpha"], p.hyper["weight_decay"])
+            p.model = p._model(p.hyper["additive"], p.hyper["alpha"], p.hyper["weight_decay"])
+            if doc["additive"]["terms"] != ["constant", *ADDITIVE_TERMS]:
+                raise ValueError(f"additive terms {doc['additive']['terms']} are not this version's")
+            p.additive_scale = np.array(doc["additive"]["scale"][1:], dtype=np.float64)
+            p.model.costs = np.array(doc["additive"]["cost"], dtype=np.float64)
             p.model.w = np.array(doc["ridge"]["weight"], dtype=np.float64)
             p.model.b = float(doc["ridge"]["bias"])
             p.model.scale = float(doc["residual_scale"])
@@ -508,6 +645,8 @@ class LatencyPredictor:
             or len(p.std) != n
             or len(p.model.w) != n
             or any(m["w1"].shape[0] != n for m in p.model.nets)
+            or len(p.model.costs) != (1 + len(ADDITIVE_TERMS) if p.model.additive else 0)
+            or len(p.additive_scale) != len(ADDITIVE_TERMS)
         ):
             raise ValueError(f"{path}: a malformed latency predictor (feature sizes do not match)")
         return p
