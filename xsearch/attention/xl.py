@@ -174,9 +174,10 @@ class XLAttention(Attention):
         qv = (q + self.v_bias).reshape(b * s * seg, h, dh).transpose(0, 1)  # (H, B*Np, Dh)
         bd = torch.bmm(qv, r).view(h, b * s, seg * nr)  # (H, B*S, L*R)
         bd = bd[:, :, seg - 1 : seg - 1 + seg * (nr - 1)].reshape(h, b * s, seg, nr - 1)[..., :w]  # (H, B*S, L, W)
-        # Masked in place: the score table itself becomes the kernel's additive mask (a strided
-        # view), sparing another (B*S, H, L, W) tensor.
-        bias = bd.transpose(0, 1).masked_fill_(~allowed, float("-inf"))  # (B*S, H, L, W)
+        # The masked table is the kernel's additive mask. Not masked in place: an exported graph
+        # writes an in-place change to a view back into its base (slice_scatter: transposes and a
+        # scatter over the whole table), which made onnxruntime 3x slower than torch.
+        bias = bd.transpose(0, 1).masked_fill(~allowed, float("-inf"))  # (B*S, H, L, W)
 
         qu = (q + self.u_bias).reshape(b * s, seg, h, dh).transpose(1, 2)  # (B*S, H, L, Dh)
         out = F.scaled_dot_product_attention(
