@@ -526,9 +526,10 @@ class LatencyPredictor:
         self.std = np.where(std > 1e-12, std, 1.0)
         x = self._matrix(feats)
         self.additive_scale = np.ones(len(ADDITIVE_TERMS))
-        scale = self._additive(feats)[:, 1:].max(axis=0)
+        a = self._additive(feats)  # unscaled counts first: their maxima become the scale
+        scale = a[:, 1:].max(axis=0)
         self.additive_scale = np.where(scale > 0, scale, 1.0)
-        a = self._additive(feats)
+        a[:, 1:] /= self.additive_scale
         y = np.log(np.array([r.latency_ms for r in rows], dtype=np.float64))
         groups = [architecture_key(r.config) for r in rows]
         additive, alpha, decay = self.hyper["additive"], self.hyper["alpha"], self.hyper["weight_decay"]

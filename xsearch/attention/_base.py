@@ -296,7 +296,7 @@ def sdpa(
     scale: float | None = None,
 ) -> torch.Tensor:
     """Softmax attention through the fused kernel; ``allowed`` is a bool mask (True = may attend)
-    or an additive float bias (finite: -1e4 for a key that may not be attended).
+    or an additive float bias (0 = may attend, a large negative number = may not).
 
     Callers guarantee every query row has at least one allowed key (a padded query is
     allowed its own position), so no row is fully masked: eager torch and exported
