@@ -1,7 +1,8 @@
 """torch eager vs onnxruntime fp32 vs onnxruntime dynamic int8, per attention variant.
 
 For each variant: a 2-layer classifier (d_model 256, 4 heads, max_len 4096) exported to ONNX
-and quantized (dynamic int8), timed at N = 1024 and 4096, batch 1, 2 threads, in one run.
+and quantized (dynamic int8), timed at N = 1024 and 4096, batch 1, 2 threads: the three
+engines in alternating rounds, so they share the machine's load.
 Then a ListOps model is trained briefly and the int8 model's test accuracy is compared
 with the fp32 model's through the onnxruntime-only Predictor.
 
@@ -19,7 +20,7 @@ import torch
 
 import xsearch
 from xsearch.export import Predictor, quantize_onnx, to_onnx
-from xsearch.latency import measure
+from xsearch.latency import measure, measure_interleaved
 from xsearch.tasks import get_task
 
 THREADS = 2
@@ -44,9 +45,11 @@ def speed_rows(names: list[str], lengths: list[int], repeats: int, work: Path) -
             continue
         cells = [name]
         for n in lengths:
-            t = measure(model, "torch-cpu", seq_len=n, threads=THREADS, warmup=1, repeats=repeats).median_ms
-            f = measure(fp32, "ort-cpu", seq_len=n, threads=THREADS, warmup=1, repeats=repeats).median_ms
-            q = measure(int8, "ort-cpu", seq_len=n, threads=THREADS, warmup=1, repeats=repeats).median_ms
+            # Alternating rounds (a warm-up run each), so a drift in machine load hits all three alike.
+            st = measure_interleaved({"torch": model, "fp32": fp32, "int8": int8}, "ort-cpu", seq_len=n,
+                                     threads=THREADS, warmup=1, repeats=repeats, rounds=min(3, repeats),
+                                     targets={"torch": "torch-cpu"})  # fmt: skip
+            t, f, q = (st[k].median_ms for k in ("torch", "fp32", "int8"))
             cells += [f"{t:.1f}", f"{f:.1f}", f"{q:.1f}", f"{t / f:.2f}x", f"{f / q:.2f}x"]
         print(f"  {' '.join(cells)}", file=sys.stderr, flush=True)
         rows.append(cells)
@@ -92,7 +95,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--variants", help="comma-separated (default: all)")
     p.add_argument("--lengths", default="1024,4096")
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--repeats", type=int, default=6)
     p.add_argument("--accuracy-attention", default="local")
     p.add_argument("--train-seconds", type=float, default=120.0)
     p.add_argument("--markdown", action="store_true")

@@ -7,7 +7,7 @@ import pytest
 
 import xsearch
 from xsearch.cli import main
-from xsearch.latency import measure
+from xsearch.latency import measure, measure_interleaved
 from xsearch.report import pick
 from xsearch.search import Objective, SearchSettings, is_feasible, pareto_front, run_search
 
@@ -126,6 +126,23 @@ def test_measure_statistics_and_errors(tmp_path):
             measure(model, "torch-cuda", seq_len=8)
         with pytest.raises(RuntimeError, match="CUDAExecutionProvider"):
             measure(model, "ort-cuda", seq_len=8)
+
+
+def test_measure_interleaved_mixes_targets(tmp_path):
+    from xsearch.export import to_onnx
+
+    cfg = xsearch.ModelConfig(vocab_size=16, max_len=32, d_model=32, n_layers=1, n_heads=2)
+    model = xsearch.build_model(cfg).eval()
+    to_onnx(model, tmp_path / "m.onnx", check=False)
+    models = {"torch": model, "onnx": tmp_path / "m.onnx"}
+    stats = measure_interleaved(models, "ort-cpu", seq_len=16, threads=1, warmup=1, repeats=4, rounds=2,
+                                targets={"torch": "torch-cpu"})  # fmt: skip
+    assert stats["torch"].target == "torch-cpu" and stats["onnx"].target == "ort-cpu"
+    assert stats["torch"].repeats == stats["onnx"].repeats == 4
+    with pytest.raises(ValueError, match="not measured: nope"):
+        measure_interleaved(models, seq_len=16, targets={"nope": "torch-cpu"})
+    with pytest.raises(ValueError, match="measures a torch model"):  # a path on a torch target
+        measure_interleaved(models, "torch-cpu", seq_len=16, repeats=1)
 
 
 def test_cli_errors(tmp_path):

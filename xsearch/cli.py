@@ -251,17 +251,20 @@ def _calibration_batches(model_dir: str, model) -> list:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from xsearch.latency import measure
+    from xsearch.latency import measure_interleaved
 
-    rows = [("onnxruntime " + args.target, measure(args.onnx, args.target, batch=args.batch, seq_len=args.seq_len,
-                                                    threads=args.threads, repeats=args.repeats))]  # fmt: skip
-    if args.vs:
+    onnx_name = "onnxruntime " + args.target
+    models: dict = {onnx_name: args.onnx}
+    targets = {}
+    if args.vs:  # timed in alternating rounds with the ONNX file, so a load drift hits both alike
         from xsearch.serialization import load_model
 
-        target = "torch-cuda" if args.target == "ort-cuda" else "torch-cpu"
-        model = load_model(args.vs)
-        rows.append((f"torch {target}", measure(model, target, batch=args.batch, seq_len=args.seq_len,
-                                                threads=args.threads, repeats=args.repeats)))  # fmt: skip
+        torch_target = "torch-cuda" if args.target == "ort-cuda" else "torch-cpu"
+        models[f"torch {torch_target}"] = load_model(args.vs)
+        targets[f"torch {torch_target}"] = torch_target
+    stats = measure_interleaved(models, args.target, batch=args.batch, seq_len=args.seq_len, threads=args.threads,
+                                repeats=args.repeats, rounds=max(1, min(3, args.repeats)), targets=targets)  # fmt: skip
+    rows = list(stats.items())
     base = rows[-1][1].median_ms
     print(f"batch {args.batch}, seq_len {args.seq_len}, threads {args.threads or 'default'}, {args.repeats} runs")
     print(f"{'engine':28s} {'median ms':>10s} {'p90 ms':>10s} {'speedup':>8s}")

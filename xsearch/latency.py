@@ -189,21 +189,33 @@ def measure_interleaved(
     warmup: int = 3,
     repeats: int = 30,
     rounds: int = 3,
+    targets: dict[str, str] | None = None,
 ) -> dict[str, LatencyStats]:
     """Latency of several models compared with each other: ``rounds`` alternating passes over the models,
-    ``repeats`` timed runs per model in all, so a drift in machine load hits every model alike."""
+    ``repeats`` timed runs per model in all, so a drift in machine load hits every model alike.
+
+    ``targets`` gives some models a target of their own (say a torch model on ``torch-cpu`` beside
+    its ONNX file on ``ort-cpu``); the others run on ``target``. Each pass over a model starts with
+    ``warmup`` untimed runs, which also absorb the previous model's idle worker threads.
+    """
     if rounds <= 0:
         raise ValueError(f"rounds must be > 0, got {rounds}")
+    unknown = sorted(set(targets or {}) - set(models))
+    if unknown:
+        raise ValueError(f"targets names models that are not measured: {', '.join(unknown)}")
+    target_of = {name: (targets or {}).get(name, target) for name in models}
     per_round = max(1, -(-repeats // rounds))
     pooled: dict[str, list[float]] = {name: [] for name in models}
     with contextlib.ExitStack() as stack:
-        runs = {name: _open_runner(stack, m, target, batch, seq_len, threads, warmup, repeats)
+        runs = {name: _open_runner(stack, m, target_of[name], batch, seq_len, threads, warmup, repeats)
                 for name, m in models.items()}  # fmt: skip
         for _ in range(rounds):
             for name, run in runs.items():
                 pooled[name] += _timed_runs(run, warmup, per_round, 0.0)[0]
-    device = device_fingerprint(target, threads)
-    return {name: summarize(samples, target, device) for name, samples in pooled.items()}
+    return {
+        name: summarize(samples, target_of[name], device_fingerprint(target_of[name], threads))
+        for name, samples in pooled.items()
+    }
 
 
 def _open_runner(stack: contextlib.ExitStack, model_or_onnx_path, target, batch, seq_len, threads, warmup, repeats):
