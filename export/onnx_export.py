@@ -124,14 +124,17 @@ def to_onnx(
 
 @contextlib.contextmanager
 def _quiet_torch_logs():
-    """The exporter logs chatter (e.g. about torchvision ops) at WARNING; keep errors only."""
-    logger = logging.getLogger("torch.onnx")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
+    """The exporter logs chatter at WARNING (torch.onnx about torchvision ops, onnx_ir about the
+    empty attribute lists of some ops); keep errors only."""
+    loggers = [logging.getLogger(name) for name in ("torch.onnx", "onnx_ir")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
     try:
         yield
     finally:
-        logger.setLevel(level)
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
 
 
 def _check_no_randomness(proto: onnx.ModelProto) -> None:
