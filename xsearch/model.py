@@ -7,11 +7,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from xsearch.attention import build_attention
+from xsearch.attention._base import exporting
 from xsearch.config import ModelConfig
-
-
-def _exporting() -> bool:
-    return torch.compiler.is_compiling() or torch.jit.is_tracing()
 
 
 class FeedForward(nn.Module):
@@ -148,7 +145,7 @@ class XSearchModel(nn.Module):
             raise ValueError(f"input_ids must be int64, got {input_ids.dtype}")
         if mask is not None and mask.shape != input_ids.shape:
             raise ValueError(f"mask shape {tuple(mask.shape)} != input_ids shape {tuple(input_ids.shape)}")
-        if not _exporting():
+        if not exporting():
             n = input_ids.shape[1]
             if n > self.config.max_len:
                 raise ValueError(f"sequence length {n} exceeds max_len={self.config.max_len}")

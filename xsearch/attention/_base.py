@@ -276,11 +276,18 @@ def pad_to_multiple(t: torch.Tensor, multiple: int, dim: int, value: float = 0.0
     return torch.cat([t, t.new_full(pad_shape, value)], dim=dim)
 
 
+def exporting() -> bool:
+    """True while torch.export / tracing runs the model: variants then take their export-friendly
+    paths (no Python loops over a symbolic length, shapes onnxruntime runs fastest); the tests check
+    that both paths agree."""
+    return torch.compiler.is_compiling() or torch.jit.is_tracing()
+
+
 def export_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """A bool mask as torch's fused kernel likes it (bool), or, while exporting, as an additive float
     mask: onnxruntime then applies it with one broadcast Add instead of a Where over the scores
     (local attention at N = 1024: 33.3 -> 28.8 ms), while eager torch keeps the faster bool path."""
-    if allowed.dtype != torch.bool or not (torch.compiler.is_compiling() or torch.jit.is_tracing()):
+    if allowed.dtype != torch.bool or not exporting():
         return allowed  # an additive bias already, or eager
     return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(~allowed, float("-inf"))
 

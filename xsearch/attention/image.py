@@ -5,9 +5,8 @@ in raster order and each rectangular query block attends a memory block around i
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
-from xsearch.attention._base import Attention, AttentionSpec, positive_int
+from xsearch.attention._base import Attention, AttentionSpec, positive_int, sdpa
 from xsearch.attention._blocks import real_tokens
 from xsearch.attention._registry import register
 
@@ -84,25 +83,27 @@ class ImageAttention(Attention):
         k_pos, k_valid, k_id = k_pos.reshape(nb, kn), k_valid.reshape(nb, kn), k_id.reshape(nb, kn)
 
         real = real_tokens(mask, b, n, 1, dev) > 0.5  # (B, N)
-        allowed = (real[:, k_pos] & k_valid)[:, :, None, :]  # (B, nb, 1, K)
+        allowed = (real.index_select(1, k_pos.reshape(-1)).view(b, nb, kn) & k_valid)[:, :, None, :]  # (B, nb, 1, K)
         if self.causal:
             allowed = allowed & (k_id[:, None, :] <= q_id[:, :, None])  # (B, nb, Q, K)
         # A padded query may see itself, so no row is fully masked (real rows unchanged).
         allowed = allowed | (k_id[:, None, :] == q_id[:, :, None])
 
         def gather(t: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:  # (B, N, H*Dh) -> (B*nb, H, X, Dh)
-            return t[:, idx].reshape(b * nb, idx.shape[1], h, d).transpose(1, 2)
+            # index_select of flat positions: one Gather when exported (advanced indexing with a
+            # 2-D index adds transposes around a GatherND).
+            return t.index_select(1, idx.reshape(-1)).reshape(b * nb, idx.shape[1], h, d).transpose(1, 2)
 
-        out = F.scaled_dot_product_attention(
+        out = sdpa(
             gather(self.q_proj(x), q_pos),
             gather(self.k_proj(x), k_pos),
             gather(self.v_proj(x), k_pos),
-            attn_mask=allowed.reshape(b * nb, 1, -1, kn),
+            allowed.reshape(b * nb, 1, -1, kn),
             dropout_p=self.dropout_p if self.training else 0.0,
         )  # (B*nb, H, Q, Dh)
         # Back to sequence order: position p sits in block (r // bh, c // bw) at (r % bh, c % bw).
         p = torch.arange(n, device=dev)
         r, c = p // width, p % width
         slot = ((r // bh) * nbw + c // bw) * qn + (r % bh) * bw + c % bw  # (N,)
-        out = out.transpose(1, 2).reshape(b, nb * qn, h, d)[:, slot]  # (B, N, H, Dh)
+        out = out.transpose(1, 2).reshape(b, nb * qn, h, d).index_select(1, slot)  # (B, N, H, Dh)
         return self.finish(out.transpose(1, 2), mask)

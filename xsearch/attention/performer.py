@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from xsearch.attention._base import Attention, AttentionSpec, positive_int
+from xsearch.attention._base import Attention, AttentionSpec, exporting, positive_int
 from xsearch.attention._kernel_core import KERNEL_EPS, kernel_attention
 from xsearch.attention._registry import register
 
@@ -28,12 +28,6 @@ def orthogonal_features(m: int, d: int, generator: torch.Generator | None = None
 
 
 ENCODER_CHUNK = 1024  # tokens per step of the eager encoder (keeps feature maps in cache)
-
-
-def _exporting() -> bool:
-    # A Python loop over chunks of a symbolic length cannot be traced: export takes the
-    # vectorised path (the tests check both paths agree).
-    return torch.compiler.is_compiling() or torch.jit.is_tracing()
 
 
 @register(
@@ -139,7 +133,7 @@ class PerformerAttention(Attention):
                 self.redraw_features()
                 self.steps_since_redraw.zero_()
             self.steps_since_redraw += 1
-        if not self.causal and not _exporting():
+        if not self.causal and not exporting():  # a loop over chunks of a symbolic length cannot be traced
             return self._encoder_chunked(q, k, v, mask)
         phi_q = self._features(q, True, mask)
         phi_k = self._features(k, False, mask)

@@ -13,7 +13,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from xsearch.attention._base import Attention, AttentionSpec, pad_to_multiple, positive_int
+from xsearch.attention._base import Attention, AttentionSpec, pad_to_multiple, positive_int, sdpa
 from xsearch.attention._blocks import real_tokens
 from xsearch.attention._registry import register
 
@@ -119,11 +119,11 @@ def sorted_chunk_attention(
         else:
             others = valid & ~self_slot
             allowed = others | (self_slot & ~others.any(dim=-1, keepdim=True))
-        out = F.scaled_dot_product_attention(
+        out = sdpa(
             qc.unsqueeze(1),
             kw.unsqueeze(1),
             vw.unsqueeze(1),
-            attn_mask=allowed.reshape(nb, 1, chunk, 2 * chunk),
+            allowed.reshape(nb, 1, chunk, 2 * chunk),
             dropout_p=dropout_p,
             scale=scale,
         )  # (nb, 1, c, Dh)
@@ -166,7 +166,7 @@ def sorted_chunk_attention(
         return out[:, :, 0]
     lse = lse.reshape(b, h, r, n).gather(3, inverse)
     w = torch.softmax(lse.float(), dim=2).to(out.dtype)  # (B, H, R, Np): weight of each round
-    return torch.einsum("bhrnd,bhrn->bhnd", out, w)
+    return (out * w.unsqueeze(-1)).sum(dim=2)  # (B, H, Np, Dh); a Mul and a ReduceSum (onnxruntime's Einsum is slow)
 
 
 @register(
@@ -232,7 +232,7 @@ class ReformerAttention(Attention):
         if self.n_buckets == 1:
             return torch.zeros(b, h, self.params["n_hashes"], n, dtype=torch.long, device=qk.device)
         # In float32 even for low-precision models: rounding would flip near-tied buckets.
-        rot = torch.einsum("bhnd,hrdk->bhrnk", qk.float(), self.rotations.float())  # (B, H, R, N, nb/2)
+        rot = qk.float().unsqueeze(2) @ self.rotations.float()  # (B, H, R, N, nb/2); a MatMul when exported
         # argmax over [rot, -rot] without building it: the largest entry or the most negative one.
         hi, i_hi = rot.max(dim=-1)
         lo, i_lo = rot.min(dim=-1)

@@ -7,7 +7,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from xsearch.attention._base import Attention, AttentionSpec, pad_to_multiple, positive_int
+from xsearch.attention._base import Attention, AttentionSpec, pad_to_multiple, positive_int, sdpa
 from xsearch.attention._blocks import real_tokens
 from xsearch.attention._registry import register
 from xsearch.attention.reformer import sorted_chunk_attention
@@ -90,7 +90,7 @@ class RoutingAttention(Attention):
 
     def _similarity(self, xn: torch.Tensor) -> torch.Tensor:
         # In float32 even for low-precision models: rounding would flip near-tied assignments.
-        return torch.einsum("bhnd,hcd->bhnc", xn.float(), self.centroids.float())  # (B, H, Np, k)
+        return xn.float() @ self.centroids.float().transpose(1, 2)  # (B, H, Np, k); a MatMul when exported
 
     def forward(self, x, mask=None):
         mask = self.check_input(x, mask)
@@ -130,21 +130,21 @@ class RoutingAttention(Attention):
             q_idx = sim_q.topk(w, dim=-1).indices.reshape(b, h, kc * w)  # each cluster's w queries
             k_idx = sim_k.topk(w, dim=-1).indices.reshape(b, h, kc * w)  # and w keys
 
-        def pick(t: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:  # -> (B*H*k, 1, w, Dh)
-            return t.gather(2, idx.unsqueeze(-1).expand(b, h, kc * w, d)).reshape(b * h * kc, 1, w, d)
+        # Flat row indices into (B*H*Np, Dh): gathers and the scatter-add run on rows (a Gather and
+        # one scatter when exported) instead of on index tensors expanded over Dh.
+        base = (torch.arange(b * h, device=x.device) * np_).view(b, h, 1)
+        q_rows, k_rows = (q_idx + base).reshape(-1), (k_idx + base).reshape(-1)  # (B*H*k*w,)
 
-        key_real = real[:, None, :].expand(b, h, np_).gather(2, k_idx).reshape(b * h * kc, 1, 1, w)
+        def pick(t: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:  # -> (B*H*k, 1, w, Dh)
+            return t.reshape(b * h * np_, d).index_select(0, rows).reshape(b * h * kc, 1, w, d)
+
+        key_real = real[:, None, :].expand(b, h, np_).reshape(-1).index_select(0, k_rows).reshape(b * h * kc, 1, 1, w)
         # A cluster without any real key only serves padded queries (no real token in the row): let
         # them see every key so no softmax row is fully masked.
         allowed = key_real | ~key_real.any(dim=-1, keepdim=True)
-        out = F.scaled_dot_product_attention(
-            pick(qp, q_idx), pick(kp, k_idx), pick(vp, k_idx), attn_mask=allowed, dropout_p=p
-        )  # (B*H*k, 1, w, Dh)
-        idx = q_idx.unsqueeze(-1).expand(b, h, kc * w, d)
-        total = torch.zeros_like(qp).scatter_add(2, idx, out.reshape(b, h, kc * w, d))
-        hits = torch.zeros(b, h, np_, dtype=qp.dtype, device=x.device).scatter_add(
-            2, q_idx, torch.ones_like(q_idx, dtype=qp.dtype)
-        )
+        out = sdpa(pick(qp, q_rows), pick(kp, k_rows), pick(vp, k_rows), allowed, dropout_p=p)  # (B*H*k, 1, w, Dh)
+        total = qp.new_zeros(b * h * np_, d).index_add(0, q_rows, out.reshape(-1, d)).view(b, h, np_, d)
+        hits = qp.new_zeros(b * h * np_).index_add(0, q_rows, torch.ones_like(q_rows, dtype=qp.dtype)).view(b, h, np_)
         out = total / hits.clamp(min=1.0).unsqueeze(-1)  # mean over the clusters that chose the query
         return self.finish(out[:, :, :n], mask)
 

@@ -8,7 +8,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from xsearch.attention._base import Attention, AttentionSpec, positive_int, sdpa, slice_linear, slice_param
+from xsearch.attention._base import (
+    Attention,
+    AttentionSpec,
+    exporting,
+    positive_int,
+    sdpa,
+    slice_linear,
+    slice_param,
+)
 from xsearch.attention._registry import register
 
 MODES = ("dense", "random", "factorized")
@@ -132,7 +140,9 @@ class SynthesizerAttention(Attention):
         width = -(-max(qa.shape[-1], dh) // 8) * 8
         qa = F.pad(qa, (0, width - qa.shape[-1]))
         ka = F.pad(ka, (0, width - ka.shape[-1]))
-        va = F.pad(v, (0, width - dh))
+        # torch's fused kernel wants v as wide as q and k (else it falls back to the slow math
+        # path); an exported graph multiplies by v as it is, at half the cost of a padded one.
+        va = v if exporting() else F.pad(v, (0, width - dh))
         p = self.dropout_p if self.training else 0.0
         if logit_mask is None:
             out = sdpa(qa, ka, va, causal=self.causal, dropout_p=p, scale=1.0)  # (B, H, N, W)
