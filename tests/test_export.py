@@ -83,6 +83,10 @@ def test_every_variant_exports_with_parity(name, causal, task, tmp_path, caplog)
         ("synthesizer", {"mode": "dense", "mix": 1.0}),
         ("reformer", {"n_hashes": 1}),
         ("reformer", {"n_hashes": 3}),
+        # blocks longer than the old traced length (17): a block count of 1 was baked into the graph
+        ("sinkhorn", {"block_size": 32}),
+        ("local", {"block_size": 32}),
+        ("image", {"width": 32, "block_h": 2, "block_w": 32}),
     ],
     ids=lambda v: v if isinstance(v, str) else "-".join(f"{k}={x}" for k, x in v.items()),
 )
@@ -93,6 +97,12 @@ def test_variant_modes_export_with_parity(name, params, task, tmp_path):
                               attention_params={**xsearch.attention_spec(name).small_params, **params})  # fmt: skip
     report = to_onnx(xsearch.build_model(cfg).eval(), tmp_path / "m.onnx")
     assert report.max_abs_diff is not None and report.max_abs_diff <= 1e-4
+
+
+def test_example_length_is_a_long_prime():
+    from xsearch.export.onnx_export import example_length
+
+    assert [example_length(n) for n in (64, 4096, 17, 3, 2, 1)] == [61, 4093, 17, 3, 2, 1]
 
 
 def test_parity_failure_raises_with_numbers(task, tmp_path):
