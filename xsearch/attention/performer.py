@@ -86,8 +86,9 @@ class PerformerAttention(Attention):
         elif self.causal:
             stab = 0.5 * (self.projection**2).sum(-1).amax(dim=0)  # w·y - |y|²/2 <= |w|²/2
         else:
-            masked = logits if mask is None else logits.masked_fill(~mask[:, None, :, None], -1e30)
-            stab = masked.amax(dim=(-2, -1), keepdim=True).detach()
+            if mask is not None:  # padded keys get exp(-1e30 - stab) = 0: no later pass to zero them
+                logits = logits.masked_fill(~mask[:, None, :, None], -1e30)
+            stab = logits.amax(dim=(-2, -1), keepdim=True).detach()
         return logits.sub_(stab).exp_()
 
     def _encoder_chunked(self, q, k, v, mask, chunk: int = ENCODER_CHUNK) -> torch.Tensor:
@@ -137,6 +138,6 @@ class PerformerAttention(Attention):
             return self._encoder_chunked(q, k, v, mask)
         phi_q = self._features(q, True, mask)
         phi_k = self._features(k, False, mask)
-        if mask is not None:
+        if mask is not None and self.causal:  # (the encoder's key features are zero there already)
             phi_k = phi_k * mask[:, None, :, None].to(phi_k.dtype)
         return kernel_attention(phi_q, phi_k, v, causal=self.causal, chunk=self.params["chunk_size"])

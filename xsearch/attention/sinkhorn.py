@@ -89,7 +89,7 @@ class SinkhornAttention(Attention):
         realb = real.reshape(b, -1, bs)  # (B, nb, bs)
         nb = realb.shape[1]
         xb = pad_to_multiple(x, bs, dim=1).reshape(b, nb, bs, dm)
-        sums = torch.einsum("bnsd,bns->bnd", xb, realb.to(x.dtype))  # (B, nb, D): padding excluded
+        sums = (realb.to(x.dtype).unsqueeze(-2) @ xb).squeeze(-2)  # (B, nb, D): padding excluded
         counts = realb.sum(dim=-1)  # (B, nb)
         if self.causal:  # only blocks before: exclusive cumulative sums
             sums = torch.cumsum(sums, dim=1) - sums
@@ -117,12 +117,16 @@ class SinkhornAttention(Attention):
         s = sinkhorn(logits, allowed, self.params["n_iters"], self.causal)  # (B, H, nb, nb)
 
         # Sorted blocks: per slot, the S-weighted mean of the real tokens of the allowed blocks.
+        # Written as MatMuls (onnxruntime's Einsum is slow): keys and values of a block are one
+        # row of bs*2Dh numbers, mixed across blocks by S in one product.
+        h, dh = self.n_heads, self.head_dim
         w = realb[:, :, None, :, None]  # (B, nb, 1, bs, 1)
-        den = torch.einsum("bhij,bjs->bihs", s, realb).unsqueeze(-1)  # (B, nb, H, bs, 1)
+        den = (s @ realb[:, None]).transpose(1, 2).unsqueeze(-1)  # (B, nb, H, bs, 1)
         den = den.clamp(min=torch.finfo(q.dtype).tiny)
-        ks = torch.einsum("bhij,bjhsd->bihsd", s, kb * w) / den  # (B, nb, H, bs, Dh)
-        vs = torch.einsum("bhij,bjhsd->bihsd", s, vb * w) / den
-        sorted_real = torch.einsum("bij,bjs->bis", allowed[:, 0].to(q.dtype), realb) > 0  # (B, nb, bs)
+        kv_rows = (torch.cat([kb, vb], dim=-1) * w).transpose(1, 2).reshape(b, h, nb, bs * 2 * dh)
+        mixed = (s @ kv_rows).view(b, h, nb, bs, 2 * dh).transpose(1, 2) / den  # (B, nb, H, bs, 2Dh)
+        ks, vs = mixed[..., :dh], mixed[..., dh:]  # (B, nb, H, bs, Dh) each
+        sorted_real = (allowed[:, 0].to(q.dtype) @ realb) > 0  # (B, nb, bs)
 
         own = realb[:, :, None, :] > 0.5  # (B, nb, 1, bs)
         eye = torch.eye(bs, dtype=torch.bool, device=x.device)
