@@ -63,7 +63,7 @@ class Predictor:
         if not p.is_file():
             raise FileNotFoundError(f"no such ONNX file: {p}")
         opts = ort.SessionOptions()
-        opts.log_severity_level = 3  # errors only: onnxruntime warns about benign buffer re-use
+        opts.log_severity_level = 3  # errors only: a deployment host wants no onnxruntime chatter on stderr
         if threads is not None:
             if threads <= 0:
                 raise ValueError(f"threads must be > 0, got {threads}")

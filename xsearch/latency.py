@@ -297,7 +297,7 @@ def _ort_runner(path: Path, target, batch, seq_len, threads) -> Iterator[Callabl
     if seq_len > cfg["max_len"]:
         raise ValueError(f"seq_len={seq_len} exceeds the model's max_len={cfg['max_len']}")
     opts = ort.SessionOptions()
-    opts.log_severity_level = 3  # errors only: onnxruntime warns about benign buffer re-use
+    opts.log_severity_level = 3  # errors only: no onnxruntime chatter amid the timings
     if threads is not None:
         opts.intra_op_num_threads = threads
     opts.inter_op_num_threads = 1
