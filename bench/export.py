@@ -47,7 +47,7 @@ def speed_rows(names: list[str], lengths: list[int], repeats: int, work: Path) -
         for n in lengths:
             # Alternating rounds (a warm-up run each), so a drift in machine load hits all three alike.
             st = measure_interleaved({"torch": model, "fp32": fp32, "int8": int8}, "ort-cpu", seq_len=n,
-                                     threads=THREADS, warmup=1, repeats=repeats, rounds=min(3, repeats),
+                                     threads=THREADS, warmup=1, repeats=repeats, rounds=3,
                                      targets={"torch": "torch-cpu"})  # fmt: skip
             t, f, q = (st[k].median_ms for k in ("torch", "fp32", "int8"))
             cells += [f"{t:.1f}", f"{f:.1f}", f"{q:.1f}", f"{t / f:.2f}x", f"{f / q:.2f}x"]

@@ -91,7 +91,8 @@ def test_every_variant_exports_with_parity(name, causal, task, tmp_path, caplog)
     ids=lambda v: v if isinstance(v, str) else "-".join(f"{k}={x}" for k, x in v.items()),
 )
 def test_variant_modes_export_with_parity(name, params, task, tmp_path):
-    """Modes whose export path differs from eager (unpadded values, rounds combined) keep parity."""
+    """Modes whose export path differs from eager (unpadded values, rounds combined), and blocks
+    longer than the old traced length, keep parity."""
     torch.manual_seed(0)
     cfg = xsearch.ModelConfig(**task.model_fields(), d_model=32, n_layers=1, n_heads=4, attention=name,
                               attention_params={**xsearch.attention_spec(name).small_params, **params})  # fmt: skip

@@ -139,6 +139,8 @@ def test_measure_interleaved_mixes_targets(tmp_path):
                                 targets={"torch": "torch-cpu"})  # fmt: skip
     assert stats["torch"].target == "torch-cpu" and stats["onnx"].target == "ort-cpu"
     assert stats["torch"].repeats == stats["onnx"].repeats == 4
+    one = measure_interleaved({"onnx": models["onnx"]}, seq_len=16, threads=1, warmup=0, repeats=2, rounds=3)
+    assert one["onnx"].repeats == 2  # no more rounds than runs asked for
     with pytest.raises(ValueError, match="not measured: nope"):
         measure_interleaved(models, seq_len=16, targets={"nope": "torch-cpu"})
     with pytest.raises(ValueError, match="measures a torch model"):  # a path on a torch target

@@ -263,7 +263,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         models[f"torch {torch_target}"] = load_model(args.vs)
         targets[f"torch {torch_target}"] = torch_target
     stats = measure_interleaved(models, args.target, batch=args.batch, seq_len=args.seq_len, threads=args.threads,
-                                repeats=args.repeats, rounds=max(1, min(3, args.repeats)), targets=targets)  # fmt: skip
+                                repeats=args.repeats, rounds=3, targets=targets)  # fmt: skip
     rows = list(stats.items())
     base = rows[-1][1].median_ms
     print(f"batch {args.batch}, seq_len {args.seq_len}, threads {args.threads or 'default'}, {args.repeats} runs")

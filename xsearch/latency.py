@@ -192,7 +192,8 @@ def measure_interleaved(
     targets: dict[str, str] | None = None,
 ) -> dict[str, LatencyStats]:
     """Latency of several models compared with each other: ``rounds`` alternating passes over the models,
-    ``repeats`` timed runs per model in all, so a drift in machine load hits every model alike.
+    ``repeats`` timed runs per model in all (at most ``repeats`` rounds), so a drift in machine load
+    hits every model alike.
 
     ``targets`` gives some models a target of their own (say a torch model on ``torch-cpu`` beside
     its ONNX file on ``ort-cpu``); the others run on ``target``. Each pass over a model starts with
@@ -200,10 +201,12 @@ def measure_interleaved(
     """
     if rounds <= 0:
         raise ValueError(f"rounds must be > 0, got {rounds}")
-    unknown = sorted(set(targets or {}) - set(models))
+    targets = targets or {}
+    unknown = sorted(set(targets) - set(models))
     if unknown:
         raise ValueError(f"targets names models that are not measured: {', '.join(unknown)}")
-    target_of = {name: (targets or {}).get(name, target) for name in models}
+    target_of = {name: targets.get(name, target) for name in models}
+    rounds = min(rounds, max(repeats, 1))  # a round times at least one run of each model
     per_round = max(1, -(-repeats // rounds))
     pooled: dict[str, list[float]] = {name: [] for name in models}
     with contextlib.ExitStack() as stack:

@@ -218,7 +218,7 @@ class Attention(nn.Module):
         if x.shape[-1] != self.d_model:
             raise ValueError(f"{self.spec.name}: x has D={x.shape[-1]} but d_model={self.d_model}")
         n = x.shape[1]
-        if self.max_len is not None and not torch.compiler.is_compiling() and n > self.max_len:
+        if self.max_len is not None and not exporting() and n > self.max_len:
             raise ValueError(f"{self.spec.name}: sequence length {n} exceeds max_len={self.max_len}")
         if mask is None:
             return None

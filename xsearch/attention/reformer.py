@@ -13,7 +13,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from xsearch.attention._base import Attention, AttentionSpec, pad_to_multiple, positive_int, sdpa
+from xsearch.attention._base import Attention, AttentionSpec, exporting, pad_to_multiple, positive_int, sdpa
 from xsearch.attention._blocks import real_tokens
 from xsearch.attention._registry import register
 
@@ -139,7 +139,7 @@ def sorted_chunk_attention(
             bias = torch.where(self_slot, pattern, torch.where(valid, 0.0, float("-inf")).to(q.dtype))
         bias = bias.reshape(nb, chunk, 2 * chunk)
         grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-        if not grad and dropout_p == 0.0 and not torch.compiler.is_compiling() and _flash_lse_available():
+        if not grad and dropout_p == 0.0 and not exporting() and _flash_lse_available():
             # Inference: the fused kernel also returns each row's log-sum-exp (not differentiable,
             # not exportable, hence the plain path below for training and export).
             out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
