@@ -16,6 +16,7 @@ import numpy as np
 import onnx
 import torch
 
+from xsearch.export.contrib_ops import custom_translations
 from xsearch.export.errors import ExportParityError
 from xsearch.export.metadata import INPUTS, OUTPUT, build_metadata
 
@@ -120,6 +121,7 @@ def to_onnx(
                 dynamic_shapes=({0: batch, 1: seq}, {0: batch, 1: seq}),
                 external_data=False,
                 verbose=False,
+                custom_translation_table=custom_translations(),
             )
         proto = program.model_proto
         # The exporter annotates intermediate values with symbolic shapes that can be wrong (a

@@ -90,7 +90,15 @@ def quantize_onnx(
                     log.warning("quant_pre_process failed (%s); quantizing without it", e)
                     pre = src
                 if mode == "dynamic-int8":
-                    quantize_dynamic(str(pre), str(tmp), weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul"])
+                    quantize_dynamic(
+                        str(pre),
+                        str(tmp),
+                        weight_type=QuantType.QInt8,
+                        op_types_to_quantize=["MatMul"],
+                        # onnx's shape inference does not type the outputs of onnxruntime's own
+                        # operators (MultiHeadAttention); every tensor of an exported model is float32
+                        extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
+                    )
                 else:
                     from onnxruntime.quantization import QuantFormat, quantize_static
 

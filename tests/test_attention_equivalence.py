@@ -134,3 +134,30 @@ def test_performer_chunked_encoder_equals_vectorised_path():
         got = m._encoder_chunked(q, k, v, mask, chunk=chunk)
         torch.testing.assert_close(got[:, :, :20], ref[:, :, :20], atol=1e-5, rtol=1e-4)
         torch.testing.assert_close(got[0], ref[0], atol=1e-5, rtol=1e-4)
+
+
+def test_attention_graph_equals_fused_kernel():
+    """The exported form of attention (plain matmuls, a per-key mask folded into the product)
+    gives the fused kernel's result for every kind of mask the variants pass."""
+    from xsearch.attention._base import _attention_graph
+
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 3, 5, 8), torch.randn(2, 3, 7, 8), torch.randn(2, 3, 7, 8)
+    keys = torch.rand(2, 1, 1, 7) > 0.4
+    keys[..., 0] = True  # no fully masked row
+    rows = (torch.rand(2, 1, 5, 7) > 0.5) | torch.eye(5, 7, dtype=torch.bool)
+    float_keys = torch.zeros(2, 1, 1, 7).masked_fill(~keys, float("-inf"))
+    fused = torch.nn.functional.scaled_dot_product_attention
+    for allowed in (keys, rows, float_keys, None):
+        for scale in (None, 0.3):
+            got = _attention_graph(q, k, v, allowed, causal=False, scale=scale)
+            torch.testing.assert_close(got, fused(q, k, v, attn_mask=allowed, scale=scale), atol=1e-5, rtol=1e-5)
+    q7 = torch.randn(2, 3, 7, 8)
+    got = _attention_graph(q7, k, v, None, causal=True, scale=None)
+    torch.testing.assert_close(got, fused(q7, k, v, is_causal=True), atol=1e-5, rtol=1e-5)
+    # 5-D blocks with a mask broadcast over heads, as blocked attention passes them
+    qb, kb, vb = torch.randn(2, 4, 3, 5, 8), torch.randn(2, 4, 3, 6, 8), torch.randn(2, 4, 3, 6, 8)
+    blocks = (torch.rand(2, 4, 1, 1, 6) > 0.3) | (torch.arange(6) == 0)
+    want = fused(qb.flatten(0, 1), kb.flatten(0, 1), vb.flatten(0, 1), attn_mask=blocks.flatten(0, 1))
+    got = _attention_graph(qb, kb, vb, blocks, causal=False, scale=None)
+    torch.testing.assert_close(got, want.view(2, 4, 3, 5, 8), atol=1e-5, rtol=1e-5)

@@ -156,6 +156,26 @@ def test_quantized_models_keep_metadata_and_predictions(trained, task, mode):
         assert out.stat().st_size < (d / "m.onnx").stat().st_size
 
 
+def test_attention_with_key_padding_runs_as_one_fused_node(task, tmp_path):
+    """Full attention with padded keys exports its attention core as onnxruntime's
+    MultiHeadAttention (the padding folded into q and k), matches torch, and every
+    quantization mode still builds a working model from it."""
+    import onnx
+
+    model = tiny_model(task, "full")
+    report = to_onnx(model, tmp_path / "m.onnx")  # parity at two lengths, with padding
+    assert report.max_abs_diff <= 1e-4
+    ops = [n.op_type for n in onnx.load(tmp_path / "m.onnx").graph.node]
+    assert ops.count("MultiHeadAttention") == model.config.n_layers and "Softmax" not in ops
+    ids, mask, _ = next(iter(task.batches("test", 8)))
+    mask[0, 5:] = False
+    want = model(ids, mask).detach().numpy()
+    for mode in ("dynamic-int8", "static-int8", "fp16"):
+        quantize_onnx(tmp_path / "m.onnx", tmp_path / f"{mode}.onnx", mode, calibration=[(ids.numpy(), mask.numpy())])
+        got = Predictor(tmp_path / f"{mode}.onnx").logits(ids.numpy(), mask.numpy())
+        assert np.abs(got - want).max() < 0.05, mode
+
+
 def test_quantize_errors(trained, tmp_path):
     _, d = trained
     with pytest.raises(ValueError, match="int4"):

@@ -287,9 +287,14 @@ def export_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """A bool mask as torch's fused kernel likes it (bool), or, while exporting, as an additive float
     mask: onnxruntime then applies it with one broadcast Add instead of a Where over the scores
     (local attention at N = 1024: 33.3 -> 28.8 ms), while eager torch keeps the faster bool path."""
-    if allowed.dtype != torch.bool or not exporting():
-        return allowed  # an additive bias already, or eager
-    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(~allowed, float("-inf"))
+    return additive_mask(allowed, dtype) if exporting() else allowed
+
+
+def additive_mask(allowed: torch.Tensor, dtype: torch.dtype, masked: float = float("-inf")) -> torch.Tensor:
+    """A bool mask as an additive bias (0 where allowed, ``masked`` where not); a float bias as it is."""
+    if allowed.dtype != torch.bool:
+        return allowed
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(~allowed, masked)
 
 
 def sdpa(
@@ -308,7 +313,12 @@ def sdpa(
     Callers guarantee every query row has at least one allowed key (a padded query is
     allowed its own position), so no row is fully masked: eager torch and exported
     graphs disagree on fully masked rows.
+
+    While exporting, the attention is written out as the graph onnxruntime runs fastest
+    (``_attention_graph``), which also takes inputs of any rank >= 3 that broadcast.
     """
+    if exporting() and dropout_p == 0.0:
+        return _attention_graph(q, k, v, allowed, causal=causal and allowed is None, scale=scale)
     return torch.nn.functional.scaled_dot_product_attention(
         q,
         k,
@@ -318,6 +328,40 @@ def sdpa(
         is_causal=causal and allowed is None,
         scale=scale,
     )
+
+
+def _attention_graph(q, k, v, allowed, *, causal: bool, scale: float | None) -> torch.Tensor:
+    """``softmax(q k^T * scale + bias) v`` in the form an exported graph runs fastest.
+
+    The exporter's own rendering of ``scaled_dot_product_attention`` reshapes keys to 3-D and
+    transposes them there, a copy onnxruntime cannot fold into its MatMul (the largest single
+    node of a small longformer model at N = 512); a transpose of the last two axes next to
+    the MatMul is folded into it (``FusedMatMul``), and so is the scale.
+
+    A mask that is the same for every query (padded keys, shape ``(..., 1, K)``) is folded into
+    the product itself: queries gain a column of ones and keys a column holding the bias, so
+    ``[q*scale, 1] . [k, bias] = q.k*scale + bias`` and no pass over the ``(Q, K)`` scores adds
+    it. Without a mask left, 4-D attention becomes ``fused_attention``: one onnxruntime node
+    that never writes the scores out.
+    """
+    from xsearch.attention._fused import fused_attention, fused_attention_applies
+
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    if causal:
+        allowed = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
+    if allowed is not None and isinstance(allowed.shape[-2], int) and allowed.shape[-2] == 1:  # not a symbolic length
+        # Finite (fp16 holds it): exp(-1e4 - max) is 0 all the same, and no -inf meets a 0 in the product.
+        bias = additive_mask(allowed, q.dtype, -1e4).clamp(min=-1e4).transpose(-2, -1)  # (..., K, 1)
+        q = torch.cat([q * scale, torch.ones_like(q[..., :1])], dim=-1)
+        k = torch.cat([k, bias.expand(*k.shape[:-1], 1)], dim=-1)
+        scale, allowed = 1.0, None
+    if allowed is None and fused_attention_applies(q, k, v):
+        return fused_attention(q, k, v, scale)
+    scores = torch.matmul(q, k.transpose(-2, -1))
+    scores = scores if scale == 1.0 else scores * scale
+    if allowed is not None:
+        scores = scores + additive_mask(allowed, q.dtype)
+    return torch.matmul(scores.softmax(dim=-1), v)
 
 
 def slice_linear(linear: nn.Linear, *, out_idx: torch.Tensor | None = None, in_idx: torch.Tensor | None = None):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from xsearch.attention._base import export_mask, pad_to_multiple
+from xsearch.attention._base import exporting, pad_to_multiple, sdpa
 
 
 def to_blocks(t: torch.Tensor, block: int) -> torch.Tensor:
@@ -66,13 +66,17 @@ def blocked_sdpa(qb, kw, vw, allowed, dropout_p: float = 0.0) -> torch.Tensor:
     Returns:
         ``(B, nb, H, block, Dh)``.
     """
+    if exporting() and dropout_p == 0.0:
+        # An exported graph multiplies the 5-D blocks as they are (MatMul broadcasts over the
+        # leading axes), without the copies the 4-D layout of the fused kernel costs.
+        return sdpa(qb, kw, vw, allowed[:, :, None])
     b, nb, h, bs, d = qb.shape
     w = kw.shape[-2]
     out = torch.nn.functional.scaled_dot_product_attention(
         qb.reshape(b * nb, h, bs, d),
         kw.reshape(b * nb, h, w, d),
         vw.reshape(b * nb, h, w, d),
-        attn_mask=export_mask(allowed.reshape(b * nb, 1, allowed.shape[2], w), qb.dtype),
+        attn_mask=allowed.reshape(b * nb, 1, allowed.shape[2], w),
         dropout_p=dropout_p,
     )
     return out.reshape(b, nb, h, bs, d)

@@ -11,10 +11,17 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from xsearch.attention._base import Attention, AttentionSpec, pad_to_multiple, positive_int, slice_linear, slice_param
+from xsearch.attention._base import (
+    Attention,
+    AttentionSpec,
+    pad_to_multiple,
+    positive_int,
+    sdpa,
+    slice_linear,
+    slice_param,
+)
 from xsearch.attention._blocks import real_tokens
 from xsearch.attention._registry import register
 
@@ -180,8 +187,8 @@ class XLAttention(Attention):
         bias = bd.transpose(0, 1).masked_fill(~allowed, float("-inf"))  # (B*S, H, L, W)
 
         qu = (q + self.u_bias).reshape(b * s, seg, h, dh).transpose(1, 2)  # (B*S, H, L, Dh)
-        out = F.scaled_dot_product_attention(
-            qu, kw, vw, attn_mask=bias, dropout_p=self.dropout_p if self.training else 0.0, scale=self.scale
+        out = sdpa(
+            qu, kw, vw, bias, dropout_p=self.dropout_p if self.training else 0.0, scale=self.scale
         )  # (B*S, H, L, Dh)
         out = out.transpose(1, 2).reshape(b, s * seg, h, dh)[:, :n].transpose(1, 2)  # (B, H, N, Dh)
         return self.finish(out, mask)
