@@ -6,7 +6,8 @@ engines in alternating rounds, so they share the machine's load.
 Then a ListOps model is trained briefly and the int8 model's test accuracy is compared
 with the fp32 model's through the onnxruntime-only Predictor.
 
-    python bench/export.py [--variants a,b] [--lengths 1024,4096] [--train-seconds 120] [--markdown]
+    python bench/export.py [--variants a,b] [--lengths 1024,4096] [--repeats 6] [--rounds 3]
+                           [--train-seconds 120] [--markdown]
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ THREADS = 2
 BENCH_PARAMS = {"local": {"block_size": 256}, "linformer": {"k": 256}, "performer": {"nb_features": 256}}
 
 
-def speed_rows(names: list[str], lengths: list[int], repeats: int, work: Path) -> list[list[str]]:
+def speed_rows(names: list[str], lengths: list[int], repeats: int, rounds: int, work: Path) -> list[list[str]]:
     rows = []
     for name in names:
         torch.manual_seed(0)
@@ -47,7 +48,7 @@ def speed_rows(names: list[str], lengths: list[int], repeats: int, work: Path) -
         for n in lengths:
             # Alternating rounds (a warm-up run each), so a drift in machine load hits all three alike.
             st = measure_interleaved({"torch": model, "fp32": fp32, "int8": int8}, "ort-cpu", seq_len=n,
-                                     threads=THREADS, warmup=1, repeats=repeats, rounds=3,
+                                     threads=THREADS, warmup=1, repeats=repeats, rounds=rounds,
                                      targets={"torch": "torch-cpu"})  # fmt: skip
             t, f, q = (st[k].median_ms for k in ("torch", "fp32", "int8"))
             cells += [f"{t:.1f}", f"{f:.1f}", f"{q:.1f}", f"{t / f:.2f}x", f"{f / q:.2f}x"]
@@ -96,6 +97,7 @@ def main() -> int:
     p.add_argument("--variants", help="comma-separated (default: all)")
     p.add_argument("--lengths", default="1024,4096")
     p.add_argument("--repeats", type=int, default=6)
+    p.add_argument("--rounds", type=int, default=3, help="alternating rounds the repeats are spread over")
     p.add_argument("--accuracy-attention", default="local")
     p.add_argument("--train-seconds", type=float, default=120.0)
     p.add_argument("--markdown", action="store_true")
@@ -109,7 +111,7 @@ def main() -> int:
         for n in lengths:
             header += [f"torch ms N={n}", "ort fp32 ms", "ort int8 ms", "fp32 vs torch", "int8 vs fp32"]
         print(f"latency, 2-layer d_model 256 classifier, batch 1, {THREADS} threads (median of {args.repeats})")
-        print(table(header, speed_rows(names, lengths, args.repeats, work), args.markdown))
+        print(table(header, speed_rows(names, lengths, args.repeats, args.rounds, work), args.markdown))
         if args.train_seconds > 0:
             what = f"{args.accuracy_attention}, d_model 256, trained {args.train_seconds:.0f} s"
             print(f"\nListOps test accuracy ({what})")

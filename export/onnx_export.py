@@ -16,6 +16,7 @@ import numpy as np
 import onnx
 import torch
 
+from xsearch.attention._fused import standard_ops_only
 from xsearch.export.contrib_ops import custom_translations
 from xsearch.export.errors import ExportParityError
 from xsearch.export.metadata import INPUTS, OUTPUT, build_metadata
@@ -77,6 +78,7 @@ def to_onnx(
     check: bool = True,
     task: dict[str, Any] | None = None,
     tolerance: float = TOLERANCE,
+    portable: bool = False,
 ) -> ExportReport:
     """Export an ``XSearchModel`` to one ONNX file with dynamic batch and length.
 
@@ -88,6 +90,10 @@ def to_onnx(
     With ``check`` (default) onnxruntime is run against torch at two or more lengths and two
     batch sizes with padding; a difference above ``tolerance`` raises ``ExportParityError``.
     The file is written under a temporary name and renamed, so a failed export leaves nothing.
+
+    Attention without a per-query mask becomes onnxruntime's ``com.microsoft.MultiHeadAttention``
+    (a flash kernel on CPU); ``portable=True`` keeps to standard ONNX operators instead, for
+    other runtimes, at some speed.
     """
     from xsearch import __version__
 
@@ -109,7 +115,8 @@ def to_onnx(
     try:
         # no_grad: the inference graph only (variants with gradient-stopped memories would
         # otherwise trace a second, detached projection).
-        with warnings.catch_warnings(), torch.no_grad(), _quiet_torch_logs():
+        fusion = standard_ops_only() if portable else contextlib.nullcontext()
+        with warnings.catch_warnings(), torch.no_grad(), _quiet_torch_logs(), fusion:
             warnings.simplefilter("ignore")
             program = torch.onnx.export(
                 model,

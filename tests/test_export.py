@@ -159,10 +159,16 @@ def test_quantized_models_keep_metadata_and_predictions(trained, task, mode):
 def test_attention_with_key_padding_runs_as_one_fused_node(task, tmp_path):
     """Full attention with padded keys exports its attention core as onnxruntime's
     MultiHeadAttention (the padding folded into q and k), matches torch, and every
-    quantization mode still builds a working model from it."""
+    quantization mode still builds a working model from it; ``portable=True`` keeps to
+    standard ONNX operators."""
     import onnx
 
     model = tiny_model(task, "full")
+    from xsearch.cli import main
+
+    xsearch.save_model(model, tmp_path / "full", task=task.describe())
+    assert main(["export", str(tmp_path / "full"), "--out", str(tmp_path / "portable.onnx"), "--portable"]) == 0
+    assert {n.domain for n in onnx.load(tmp_path / "portable.onnx").graph.node} <= {"", "ai.onnx"}
     report = to_onnx(model, tmp_path / "m.onnx")  # parity at two lengths, with padding
     assert report.max_abs_diff <= 1e-4
     ops = [n.op_type for n in onnx.load(tmp_path / "m.onnx").graph.node]

@@ -221,7 +221,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         raise UsageError(f"--out must end in .onnx, got {out}")
     model = load_model(args.model)
     fp32 = out if mode is None else out.with_name(out.stem + ".fp32.onnx")
-    report = to_onnx(model, fp32, check=not args.no_check, opset=args.opset)
+    report = to_onnx(model, fp32, check=not args.no_check, opset=args.opset, portable=args.portable)
     checked = (
         "unchecked"
         if report.max_abs_diff is None
@@ -617,6 +617,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--fp16", action="store_true", help="float16 (for GPUs)")
     s.add_argument("--no-check", action="store_true", help="skip the onnxruntime parity check")
     s.add_argument("--opset", type=int)
+    s.add_argument("--portable", action="store_true", help="standard ONNX operators only (no onnxruntime contrib ops)")
     s.set_defaults(func=cmd_export)
 
     s = sub.add_parser("bench", help="latency of an ONNX model (and of its torch model with --vs)")

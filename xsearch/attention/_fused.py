@@ -10,8 +10,24 @@ key padding does not keep a model off that path. Used only while exporting.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+
 import torch
 from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+_ALLOWED = contextvars.ContextVar("xsearch_fused_attention", default=True)
+
+
+@contextlib.contextmanager
+def standard_ops_only():
+    """Within this block attention is never fused, so an export uses standard ONNX operators only
+    (for runtimes other than onnxruntime)."""
+    token = _ALLOWED.set(False)
+    try:
+        yield
+    finally:
+        _ALLOWED.reset(token)
 
 
 @torch.library.custom_op("xsearch::attention", mutates_args=())
@@ -27,7 +43,10 @@ def _(q, k, v, scale):
 
 def fused_attention_applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     """Whether ``fused_attention`` takes these inputs: 4-D float32 with the same batch and heads
-    (the onnxruntime kernel neither broadcasts nor runs in half precision on CPU)."""
+    (the onnxruntime kernel neither broadcasts nor runs in half precision on CPU), outside
+    ``standard_ops_only``."""
+    if not _ALLOWED.get():
+        return False
     if not (q.dim() == k.dim() == v.dim() == 4 and q.dtype == k.dtype == v.dtype == torch.float32):
         return False
     same = (statically_known_true(q.shape[i] == t.shape[i]) for t in (k, v) for i in (0, 1))
