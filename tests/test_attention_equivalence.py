@@ -1,5 +1,7 @@
 """Exact equivalences and approximation properties of the foundation variants."""
 
+import contextlib
+
 import torch
 
 import xsearch
@@ -140,6 +142,7 @@ def test_attention_graph_equals_fused_kernel():
     """The exported form of attention (plain matmuls, a per-key mask folded into the product)
     gives the fused kernel's result for every kind of mask the variants pass."""
     from xsearch.attention._base import _attention_graph
+    from xsearch.attention._fused import standard_ops_only
 
     torch.manual_seed(0)
     q, k, v = torch.randn(2, 3, 5, 8), torch.randn(2, 3, 7, 8), torch.randn(2, 3, 7, 8)
@@ -148,10 +151,13 @@ def test_attention_graph_equals_fused_kernel():
     rows = (torch.rand(2, 1, 5, 7) > 0.5) | torch.eye(5, 7, dtype=torch.bool)
     float_keys = torch.zeros(2, 1, 1, 7).masked_fill(~keys, float("-inf"))
     fused = torch.nn.functional.scaled_dot_product_attention
-    for allowed in (keys, rows, float_keys, None):
-        for scale in (None, 0.3):
-            got = _attention_graph(q, k, v, allowed, causal=False, scale=scale)
-            torch.testing.assert_close(got, fused(q, k, v, attn_mask=allowed, scale=scale), atol=1e-5, rtol=1e-5)
+    for fusion in (contextlib.nullcontext, standard_ops_only):  # the fused node, and plain MatMuls
+        with fusion():
+            for allowed in (keys, rows, float_keys, None):
+                for scale in (None, 0.3):
+                    got = _attention_graph(q, k, v, allowed, causal=False, scale=scale)
+                    want = fused(q, k, v, attn_mask=allowed, scale=scale)
+                    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     q7 = torch.randn(2, 3, 7, 8)
     got = _attention_graph(q7, k, v, None, causal=True, scale=None)
     torch.testing.assert_close(got, fused(q7, k, v, is_causal=True), atol=1e-5, rtol=1e-5)

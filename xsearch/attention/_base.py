@@ -15,6 +15,8 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from xsearch.attention._fused import fused_attention, fused_attention_applies
+
 FAMILIES = {
     "FP": "Fixed Patterns",
     "M": "Memory",
@@ -344,8 +346,6 @@ def _attention_graph(q, k, v, allowed, *, causal: bool, scale: float | None) -> 
     it. Without a mask left, 4-D attention becomes ``fused_attention``: one onnxruntime node
     that never writes the scores out.
     """
-    from xsearch.attention._fused import fused_attention, fused_attention_applies
-
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     if causal:
         allowed = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()

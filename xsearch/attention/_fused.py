@@ -42,9 +42,9 @@ def _(q, k, v, scale):
 
 
 def fused_attention_applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
-    """Whether ``fused_attention`` takes these inputs: 4-D float32 with the same batch and heads
-    (the onnxruntime kernel neither broadcasts nor runs in half precision on CPU), outside
-    ``standard_ops_only``."""
+    """Whether ``fused_attention`` takes these inputs: 4-D with the same batch and heads (the
+    onnxruntime kernel does not broadcast) and float32 (its CPU flash path is float32 only; an
+    fp16 conversion later still runs it, unfused), outside ``standard_ops_only``."""
     if not _ALLOWED.get():
         return False
     if not (q.dim() == k.dim() == v.dim() == 4 and q.dtype == k.dtype == v.dtype == torch.float32):
