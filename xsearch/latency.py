@@ -290,7 +290,8 @@ def _random_ids(vocab: int, batch: int, seq_len: int):
 
 
 @contextlib.contextmanager
-def _ort_runner(path: Path, target, batch, seq_len, threads) -> Iterator[Callable[[], float]]:
+def _ort_runner(path: Path, target, batch, seq_len, threads, shared_pool=False) -> Iterator[Callable[[], float]]:
+    """``shared_pool``: run on the process-wide thread pool (set up by the caller) instead of one of its own."""
     import onnxruntime as ort
 
     from xsearch.export.metadata import INPUTS, OUTPUT
@@ -301,9 +302,12 @@ def _ort_runner(path: Path, target, batch, seq_len, threads) -> Iterator[Callabl
         raise ValueError(f"seq_len={seq_len} exceeds the model's max_len={cfg['max_len']}")
     opts = ort.SessionOptions()
     opts.log_severity_level = 3  # errors only: no onnxruntime chatter amid the timings
-    if threads is not None:
-        opts.intra_op_num_threads = threads
-    opts.inter_op_num_threads = 1
+    if shared_pool:
+        opts.use_per_session_threads = False
+    else:
+        if threads is not None:
+            opts.intra_op_num_threads = threads
+        opts.inter_op_num_threads = 1
     providers = ["CUDAExecutionProvider"] if target == "ort-cuda" else ["CPUExecutionProvider"]
     session = ort.InferenceSession(str(path), opts, providers=providers)
     ids, mask = _random_ids(cfg["vocab_size"], batch, seq_len)
