@@ -5,6 +5,7 @@ import random
 import subprocess
 import sys
 import time
+from dataclasses import replace
 
 import numpy as np
 import optuna
@@ -180,6 +181,25 @@ def test_fit_learns_a_known_formula(synthetic_predictor):
     assert mape([r.latency_ms for r in fresh], pred) < 5.0
 
 
+def test_sessions_timed_at_different_machine_speeds_are_divided_out(tmp_path):
+    # The same formula, measured in three sessions while the machine ran at 0.8x, 1x and 1.3x its typical time.
+    speed = {"s0": 0.8, "s1": 1.0, "s2": 1.3}
+    rows = [replace(r, latency_ms=r.latency_ms * speed[f"s{i % 3}"], session=f"s{i % 3}")
+            for i, r in enumerate(synthetic_rows(90, seed=3))]  # fmt: skip
+    p = fit_with_holdout(rows, seed=0, members=2, epochs=300)
+    assert p.session_speed("s2") / p.session_speed("s0") == pytest.approx(1.3 / 0.8, rel=0.05)
+    assert p.session_speed("s1") == pytest.approx(1.0, rel=0.05) and p.session_speed("unknown") == 1.0
+    m = p.metrics
+    assert m["sessions"] == 3 and m["mape"] < 5.0 and m["kendall_tau"] > 0.95
+    assert m["mape_typical_session"] > 10.0  # the same predictions against labels that kept their session's speed
+    fresh = synthetic_rows(20, seed=99)  # predictions are for the typical (median) session
+    assert mape([r.latency_ms for r in fresh], [p.predict(r.config, r.seq_len) for r in fresh]) < 5.0
+    blind = fit_with_holdout([replace(r, session="") for r in rows], seed=0, members=2, epochs=300)
+    assert blind.metrics["sessions"] == 0 and blind.metrics["mape"] > 2 * m["mape"]
+    again = LatencyPredictor.load(p.save(tmp_path / "p.json"))
+    assert again.sessions == pytest.approx(p.sessions)
+
+
 def test_save_load_round_trip_predicts_identically(tmp_path, synthetic_predictor):
     path = synthetic_predictor.save(tmp_path / "p.json")
     doc = json.loads(path.read_text())  # plain JSON
@@ -206,8 +226,8 @@ def test_sweep_resumes_and_latency_fit_writes_a_predictor(tmp_path, monkeypatch,
     monkeypatch.setenv("XSEARCH_CACHE_DIR", str(tmp_path / "cache"))
     storage = f"sqlite:///{tmp_path}/lat.db"
     sweep = ["latency", "sweep", *TASK_FLAGS, "--space", "tiny", "--target", "torch-cpu", "--storage", storage,
-             "--study", "sw", "--seq-lens", "32,64", "--repeats", "2", "--threads", "1", "--wait-idle", "0",
-             "--quiet"]  # fmt: skip
+             "--study", "sw", "--seq-lens", "32,64", "--repeats", "2", "--rounds", "2", "--group", "4",
+             "--threads", "1", "--quiet"]  # fmt: skip
     assert main([*sweep, "--samples", "10"]) == 0
     assert main([*sweep, "--samples", "14"]) == 0  # resumes: adds up to the total
     trials = optuna.load_study(study_name="sw", storage=storage).get_trials()

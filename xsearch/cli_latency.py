@@ -39,8 +39,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         batch=args.batch,
         threads=args.threads,
         latency_repeats=args.repeats,
+        rounds=args.rounds,
+        group=args.group,
         seed=args.seed,
-        wait_idle=args.wait_idle,
     )
     load_space(args.space)  # a bad space fails before the task is built
     study = run_sweep(settings, progress=not args.quiet)
@@ -71,6 +72,11 @@ def cmd_fit(args: argparse.Namespace) -> int:
           f"{predictor.target}, {describe_device(predictor.device)}")  # fmt: skip
     print(f"held-out ({m['n_test_architectures']} unseen architectures, {m['n_test']} rows): "
           f"MAPE {m['mape']:.1f}%  Kendall tau {tau}")  # fmt: skip
+    if m.get("sessions"):
+        tau_typical = "-" if m["kendall_tau_typical_session"] is None else f"{m['kendall_tau_typical_session']:.3f}"
+        print(f"  ({m['sessions']} measurement sessions, each one's speed estimated from the fitted rows; "
+              f"against a typical session's prediction: MAPE {m['mape_typical_session']:.1f}%  "
+              f"Kendall tau {tau_typical})")  # fmt: skip
     out = predictor.save(args.out)
     print(f"wrote {out}")
     return 0
@@ -120,10 +126,11 @@ def add_latency_parser(sub) -> None:
     g.add_argument("--seq-lens", help="lengths to draw from, e.g. 256,512,1024")
     s.add_argument("--batch", type=int, default=1)
     s.add_argument("--threads", type=int, default=2)
-    s.add_argument("--repeats", type=int, default=10, help="timed runs per measurement")
+    s.add_argument("--repeats", type=int, default=30, help="timed runs per architecture, spread over --rounds")
+    s.add_argument("--rounds", type=int, default=10,
+                   help="round-robin passes over a group, each round's machine speed divided out")  # fmt: skip
+    s.add_argument("--group", type=int, default=50, help="architectures timed together with the reference")
     s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--wait-idle", type=float, default=30.0, metavar="SECONDS",
-                   help="how long a measurement may wait for runs no other process slowed (0: keep all)")  # fmt: skip
     s.add_argument("--quiet", action="store_true", help="no progress bar")
     s.set_defaults(func=cmd_sweep)
 

@@ -41,6 +41,8 @@ class LatencyRow:
         latency_ms: the median latency.
         target: the latency backend (``ort-cpu``, ...).
         device: the device fingerprint of the measurement.
+        session: the measurement session (a sweep's group) it was timed in; rows of one
+            session saw the same machine speed. Empty: unknown (each row on its own).
     """
 
     config: dict[str, Any]
@@ -49,6 +51,7 @@ class LatencyRow:
     latency_ms: float
     target: str = ""
     device: dict[str, Any] | None = None
+    session: str = ""
 
 
 # -- features ------------------------------------------------------------------------------------
@@ -296,6 +299,10 @@ MLP_KEYS = ("w1", "b1", "w2", "b2", "w3", "b3")
 RIDGE_ALPHAS = (1e-4, 1e-3, 1e-2, 1e-1, 1.0)
 WEIGHT_DECAYS = (0.1, 1.0, 10.0)
 CV_FOLDS = 4
+# Sessions: a session's speed is estimated from the fit's residuals on its rows, then divided out
+# of their labels and the model refitted; sessions with fewer rows are left alone.
+MIN_SESSION_ROWS = 5
+SESSION_ITERATIONS = 3
 
 
 def _ridge(x: np.ndarray, y: np.ndarray, alpha: float) -> tuple[np.ndarray, float]:
@@ -452,6 +459,11 @@ class LatencyPredictor:
     chosen by cross-validation grouped by architecture on the rows given to ``fit``
     (``"auto"``); a weight decay of None fits no MLP.
 
+    Rows that name their measurement ``session`` (a sweep's group) are fitted with each
+    session's speed divided out: a session's speed is the median residual of its rows, estimated
+    and refitted ``SESSION_ITERATIONS`` times, relative to the median session (``sessions``).
+    Predictions are for a typical session.
+
     Args:
         target: the latency backend the data was measured on.
         device: the device fingerprint of the data.
@@ -484,6 +496,7 @@ class LatencyPredictor:
         self.mean = self.std = np.zeros(0)
         self.additive_scale = np.zeros(0)
         self.model: _Model | None = None
+        self.sessions: dict[str, float] = {}  # log speed of each measurement session (0: typical)
         self.metrics: dict[str, Any] = {}
         self.data: dict[str, Any] = {}
 
@@ -532,6 +545,32 @@ class LatencyPredictor:
         a[:, 1:] /= self.additive_scale
         y = np.log(np.array([r.latency_ms for r in rows], dtype=np.float64))
         groups = [architecture_key(r.config) for r in rows]
+        sessions = [r.session for r in rows]
+        requested = dict(self.hyper)
+        estimable = {k for k in set(sessions) if k and sessions.count(k) >= MIN_SESSION_ROWS}
+        self.sessions = {}
+        for iteration in range(1 + (SESSION_ITERATIONS if len(estimable) >= 2 else 0)):
+            if iteration:  # each session's speed: the median residual of its rows, relative to the median session
+                residual = y - self.model(x, a)
+                speed = {k: float(np.median(residual[[s == k for s in sessions]])) for k in sorted(estimable)}
+                typical = float(np.median(list(speed.values())))
+                self.sessions = {k: v - typical for k, v in speed.items()}
+            target = y - np.array([self.sessions.get(k, 0.0) for k in sessions])
+            self.hyper = dict(requested)
+            selection = self._select(x, a, target, groups)
+            self.model = self._model(*(self.hyper[k] for k in ("additive", "alpha", "weight_decay"))).fit(x, a, target)
+        self.data = {
+            "rows": len(rows),
+            "architectures": len(set(groups)),
+            "seq_lens": sorted({r.seq_len for r in rows}),
+            "batches": sorted({r.batch for r in rows}),
+            "latency_ms_range": [min(r.latency_ms for r in rows), max(r.latency_ms for r in rows)],
+            "selection": selection,
+        }
+        return self
+
+    def _select(self, x: np.ndarray, a: np.ndarray, y: np.ndarray, groups: list[str]) -> dict[str, Any]:
+        """Choose the ``"auto"`` settings by cross-validation grouped by architecture (into ``self.hyper``)."""
         additive, alpha, decay = self.hyper["additive"], self.hyper["alpha"], self.hyper["weight_decay"]
         selection: dict[str, Any] = {}
         if "auto" in (additive, alpha, decay) and len(set(groups)) >= CV_FOLDS:
@@ -551,22 +590,17 @@ class LatencyPredictor:
         alpha = 0.01 if alpha == "auto" else alpha
         decay = None if decay == "auto" else decay
         self.hyper |= {"additive": additive, "alpha": alpha, "weight_decay": decay}
-        self.model = self._model(additive, alpha, decay).fit(x, a, y)
-        self.data = {
-            "rows": len(rows),
-            "architectures": len(set(groups)),
-            "seq_lens": sorted({r.seq_len for r in rows}),
-            "batches": sorted({r.batch for r in rows}),
-            "latency_ms_range": [min(r.latency_ms for r in rows), max(r.latency_ms for r in rows)],
-            "selection": selection,
-        }
-        return self
+        return selection
 
     def predict_features(self, feats: list[dict[str, float]]) -> np.ndarray:
         """Latencies (ms) for precomputed ``architecture_features``."""
         if self.model is None:
             raise ValueError("this LatencyPredictor is not fitted")
         return np.exp(self.model(self._matrix(feats), self._additive(feats)))
+
+    def session_speed(self, session: str) -> float:
+        """How much slower than typical the machine ran in a measurement session the fit saw (1.0 otherwise)."""
+        return float(np.exp(self.sessions.get(session, 0.0)))
 
     def predict(self, config, seq_len: int, batch: int = 1) -> float:
         """Predicted latency in milliseconds of ``config`` (a ``ModelConfig`` or dict) at ``(batch, seq_len)``."""
@@ -596,6 +630,7 @@ class LatencyPredictor:
             "ridge": {"weight": self.model.w.tolist(), "bias": self.model.b},
             "residual_scale": self.model.scale,
             "members": [{k: net[k].tolist() for k in MLP_KEYS} for net in self.model.nets],
+            "sessions": self.sessions,
             "metrics": self.metrics,
             "data": self.data,
         }
@@ -638,6 +673,7 @@ class LatencyPredictor:
             p.model.scale = float(doc["residual_scale"])
             p.model.nets = [{k: np.array(m[k], dtype=np.float64) for k in MLP_KEYS} for m in doc["members"]]
             p.metrics, p.data = dict(doc.get("metrics") or {}), dict(doc.get("data") or {})
+            p.sessions = {str(k): float(v) for k, v in (doc.get("sessions") or {}).items()}
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"{path}: a malformed latency predictor ({type(e).__name__}: {e})") from None
         n = len(p.features)
@@ -664,36 +700,47 @@ def fit_with_holdout(
     test_fraction: float = 0.2,
     seed: int = 0,
     progress=None,
+    features: Sequence[dict[str, float]] | None = None,
     **hyper: Any,
 ) -> LatencyPredictor:
     """Measure the held-out error on unseen architectures, then fit on every row.
 
     The rows are split by architecture (``split_by_architecture``); a predictor fitted on the
     train part is scored on the test part (MAPE, Kendall tau, worst errors), and the returned
-    predictor, fitted the same way on all rows, carries those figures in ``metrics``.
+    predictor, fitted the same way on all rows, carries those figures in ``metrics``. A test row
+    measured in a session the train part also had is compared with the prediction times that
+    session's speed, as estimated from the train rows alone (``mape``, ``kendall_tau``); the
+    ``*_typical_session`` figures compare it with the prediction for a typical session.
 
     Args:
         rows: rows of one target and device (``target`` and ``device`` are taken from the first).
         progress: called as ``progress(done, total)`` while the features are computed.
+        features: ``row_features`` of each row, when already computed (several splits of one set).
         hyper: ``LatencyPredictor`` settings (members, hidden, epochs, weight_decay).
     """
     rows = list(rows)
     train, test = split_by_architecture(rows, test_fraction, seed)
-    feats = []
-    for i, row in enumerate(rows):
+    if features is not None and len(features) != len(rows):
+        raise ValueError(f"features: {len(features)} given for {len(rows)} rows")
+    feats = list(features) if features is not None else []
+    for i, row in enumerate(rows[len(feats) :]):
         feats.append(row_features(row))
         if progress is not None:
             progress(i + 1, len(rows))
     target, device = rows[0].target, rows[0].device
     held = LatencyPredictor(target, device, seed=seed, **hyper)
     held.fit([rows[i] for i in train], [feats[i] for i in train])
-    pred = held.predict_features([feats[i] for i in test])
+    typical = held.predict_features([feats[i] for i in test])
+    pred = typical * np.array([held.session_speed(rows[i].session) for i in test])
     actual = np.array([rows[i].latency_ms for i in test])
     errors = np.abs(pred - actual) / actual
     worst = sorted(range(len(test)), key=lambda k: -errors[k])[:5]
     metrics = {
         "mape": mape(actual, pred),
         "kendall_tau": kendall_tau(actual, pred) if len(test) > 1 else None,
+        "mape_typical_session": mape(actual, typical),
+        "kendall_tau_typical_session": kendall_tau(actual, typical) if len(test) > 1 else None,
+        "sessions": len(held.sessions),
         "n_train": len(train),
         "n_test": len(test),
         "n_train_architectures": len({architecture_key(rows[i].config) for i in train}),
@@ -716,8 +763,9 @@ def fit_with_holdout(
                 "seq_len": rows[i].seq_len,
                 "measured_ms": float(a),
                 "predicted_ms": float(p),
+                "predicted_typical_ms": float(t),
             }
-            for i, a, p in zip(test, actual, pred)
+            for i, a, p, t in zip(test, actual, pred, typical)
         ],  # fmt: skip
     }
     final = LatencyPredictor(target, device, seed=seed, **hyper).fit(rows, feats)

@@ -5,13 +5,23 @@ target without training them, so hundreds of points cost minutes, not hours. Its
 the same ``user_attrs`` as search trials (``model_config``, ``latency``, ``n_parameters``,
 ``device``) plus the ``seq_len`` and ``batch`` they were measured at; ``load_rows`` reads sweep
 and search studies alike.
+
+Architectures are measured in groups (``group`` at a time), never alone: a group and the space's
+reference Transformer are timed together in round-robin rounds with each round's machine speed
+divided out (``time_in_rounds``), and each trial records the reference's latency in its group
+(``latency_reference_ms``). ``rows_from_study`` scales every group to the sweep's typical
+reference latency, so a group timed while the machine was slow does not read as slow
+architectures.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from dataclasses import asdict, dataclass, field
+import statistics
+import tempfile
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import optuna
@@ -22,6 +32,7 @@ from xsearch.search import DEFAULT_STORAGE, _Reporter, describe_trial
 log = logging.getLogger("xsearch.latency")
 
 SWEEP_KIND = "latency-sweep"
+REFERENCE = "reference"
 
 
 @dataclass
@@ -32,8 +43,10 @@ class SweepSettings:
         samples: the total number of measured (COMPLETE) trials wanted in the study; a re-run
             adds only what is missing.
         seq_lens: lengths to measure at, one drawn per trial (None: the task's max_len).
-        wait_idle: how long (seconds) a measurement may go on timing runs until ``latency_repeats``
-            of them were not slowed down by other processes; 0 keeps every run.
+        latency_repeats: timed runs per architecture, spread over ``rounds``.
+        rounds: round-robin passes over a group (see ``xsearch.latency_rounds``).
+        group: architectures timed together (with the reference); a larger group shares the
+            reference's timing among more trials but holds more sessions open.
     """
 
     task: str = "listops"
@@ -46,74 +59,110 @@ class SweepSettings:
     seq_lens: list[int] | None = None
     batch: int = 1
     threads: int | None = 2
-    latency_repeats: int = 10
+    latency_repeats: int = 30
+    rounds: int = 10
+    group: int = 50
     seed: int = 0
     latency_cache: str | None = "default"
-    wait_idle: float = 30.0
 
     def __post_init__(self) -> None:
         if self.samples < 0:
             raise ValueError(f"samples must be >= 0, got {self.samples}")
-        if self.batch <= 0 or self.latency_repeats <= 0:
-            raise ValueError(f"batch and latency_repeats must be > 0, got {self.batch}, {self.latency_repeats}")
-        if self.wait_idle < 0:
-            raise ValueError(f"wait_idle must be >= 0, got {self.wait_idle}")
+        for name in ("batch", "latency_repeats", "rounds", "group"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.seq_lens is not None:
             if not self.seq_lens or any(n <= 0 for n in self.seq_lens):
                 raise ValueError(f"seq_lens must be positive lengths, got {self.seq_lens}")
             self.seq_lens = sorted(set(self.seq_lens))
 
 
-class _SweepObjective:
-    """One sweep trial: suggest -> build -> latency (cached) -> the median as the trial's value.
+class _GroupMeasurer:
+    """One group of sweep trials: suggest and build each, time them with the reference, tell them."""
 
-    On a shared machine other processes slow a measurement down, so only runs they did not
-    disturb are kept (``measure_undisturbed``, patient for ``wait_idle`` seconds). A measurement
-    that still holds disturbed runs is recorded (``latency_disturbed``) but not cached, and
-    ``latency fit`` leaves it out.
-    """
+    def __init__(self, settings: SweepSettings, space, task_fields: dict[str, Any], seq_lens: list[int], cache):
+        self.s, self.space, self.fields, self.seq_lens, self.cache = settings, space, task_fields, seq_lens, cache
 
-    def __init__(self, settings: SweepSettings, space, fields: dict[str, Any], seq_lens: list[int], cache) -> None:
-        self.s, self.space, self.fields, self.seq_lens, self.cache = settings, space, fields, seq_lens, cache
-
-    def __call__(self, trial: optuna.Trial) -> float:
-        try:
-            return self._run(trial)
-        except Exception as e:
-            trial.set_user_attr("error", f"{type(e).__name__}: {e}"[:2000])
-            raise
-
-    def _run(self, trial: optuna.Trial) -> float:
+    def run(self, study: optuna.Study, size: int, reporter, tmp: str) -> None:
+        """Ask ``size`` trials, build them (exported under ``tmp`` for ``ort-*``), time them, tell them."""
         import torch
 
         import xsearch
-        from xsearch.latency import device_fingerprint, measure_undisturbed
-        from xsearch.latency_cache import cache_key
 
-        cfg = self.space.suggest(trial, self.fields)
-        seq_len = self.seq_lens[0] if len(self.seq_lens) == 1 else trial.suggest_categorical("seq_len", self.seq_lens)
-        trial.set_user_attr("model_config", cfg.to_dict())
-        trial.set_user_attr("params", dict(trial.params))
-        trial.set_user_attr("seq_len", seq_len)
-        trial.set_user_attr("batch", self.s.batch)
-        torch.manual_seed(self.s.seed + trial.number)
-        model = xsearch.build_model(cfg).eval()
-        trial.set_user_attr("n_parameters", xsearch.count_parameters(model))
-        device = device_fingerprint(self.s.target, self.s.threads)
-        key = cache_key(cfg.to_dict(), self.s.target, self.s.batch, seq_len, device)
-        stats = self.cache.get(key)
-        cached = stats is not None
-        if stats is None:
-            stats, disturbed = measure_undisturbed(model, self.s.target, batch=self.s.batch, seq_len=seq_len,
-                                                   threads=self.s.threads, repeats=self.s.latency_repeats,
-                                                   patience=self.s.wait_idle)  # fmt: skip
-            trial.set_user_attr("latency_disturbed", disturbed)
-            if not disturbed:
-                self.cache.put(key, stats)
-        trial.set_user_attr("latency", stats.to_dict())
-        trial.set_user_attr("latency_cached", cached)
-        trial.set_user_attr("device", stats.device)
-        return stats.median_ms
+        open_trials: dict[int, optuna.Trial] = {}
+        try:
+            built: dict[int, list[tuple[optuna.Trial, Any]]] = {}
+            for _ in range(size):
+                trial = study.ask()
+                open_trials[trial.number] = trial
+                try:
+                    cfg = self.space.suggest(trial, self.fields)
+                    seq_len = (self.seq_lens[0] if len(self.seq_lens) == 1
+                               else trial.suggest_categorical("seq_len", self.seq_lens))  # fmt: skip
+                    trial.set_user_attr("model_config", cfg.to_dict())
+                    trial.set_user_attr("params", dict(trial.params))
+                    trial.set_user_attr("seq_len", seq_len)
+                    trial.set_user_attr("batch", self.s.batch)
+                    torch.manual_seed(self.s.seed + trial.number)
+                    model = xsearch.build_model(cfg).eval()
+                    trial.set_user_attr("n_parameters", xsearch.count_parameters(model))
+                    prepared = self._prepare(model, trial.number, tmp)
+                    built.setdefault(seq_len, []).append((trial, prepared))
+                except Exception as e:  # one architecture that cannot be built or exported fails alone
+                    self._fail(study, open_trials.pop(trial.number), e, reporter)
+            for seq_len, members in built.items():
+                self._time(study, seq_len, members, open_trials, reporter, tmp)
+        finally:
+            for trial in open_trials.values():  # interrupted: nothing stays RUNNING
+                study.tell(trial, state=optuna.trial.TrialState.FAIL)
+
+    def _prepare(self, model, number: int, tmp: str):
+        """What is timed: the ONNX file (``ort-*``, exported now so a failure is this trial's) or the model."""
+        if not self.s.target.startswith("ort"):
+            return model
+        from xsearch.export.onnx_export import to_onnx
+
+        path = Path(tmp) / f"trial_{number}.onnx"
+        to_onnx(model, path, check=False)
+        return path
+
+    def _time(self, study, seq_len: int, members, open_trials, reporter, tmp: str) -> None:
+        import torch
+
+        import xsearch
+        from xsearch.latency_cache import cache_key
+        from xsearch.latency_rounds import time_in_rounds
+
+        per_round = max(1, -(-self.s.latency_repeats // self.s.rounds))
+        try:
+            torch.manual_seed(self.s.seed)
+            reference = xsearch.build_model(self.space.reference_config(self.fields)).eval()
+            models = {REFERENCE: self._prepare(reference, -1, tmp)}
+            models.update({f"trial_{t.number}": m for t, m in members})
+            timed = time_in_rounds(models, self.s.target, batch=self.s.batch, seq_len=seq_len, threads=self.s.threads,
+                                   per_round=per_round, rounds=self.s.rounds,
+                                   seed=self.s.seed + members[0][0].number)  # fmt: skip
+        except Exception as e:
+            for trial, _ in members:
+                self._fail(study, open_trials.pop(trial.number), e, reporter)
+            return
+        reference_ms = timed.stats[REFERENCE].median_ms
+        for trial, _ in members:
+            stats = timed.stats[f"trial_{trial.number}"]
+            trial.set_user_attr("latency", stats.to_dict())
+            trial.set_user_attr("latency_reference_ms", reference_ms)
+            trial.set_user_attr("latency_group", members[0][0].number)
+            trial.set_user_attr("latency_round_speed", [round(v, 4) for v in timed.round_speed])
+            trial.set_user_attr("device", stats.device)
+            cfg = trial.user_attrs["model_config"]
+            self.cache.put(cache_key(cfg, self.s.target, self.s.batch, seq_len, stats.device), stats)
+            frozen = study.tell(open_trials.pop(trial.number), stats.median_ms)
+            reporter(study, frozen)
+
+    @staticmethod
+    def _fail(study, trial, error: Exception, reporter) -> None:
+        trial.set_user_attr("error", f"{type(error).__name__}: {error}"[:2000])
+        reporter(study, study.tell(trial, state=optuna.trial.TrialState.FAIL))
 
 
 class _SweepReporter(_Reporter):
@@ -121,9 +170,9 @@ class _SweepReporter(_Reporter):
 
     def __call__(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         if trial.state == optuna.trial.TrialState.COMPLETE:
-            cached = " (cached)" if trial.user_attrs.get("latency_cached") else ""
             line = (f"trial {trial.number:3d}: {describe_trial(trial)}  seq_len {trial.user_attrs.get('seq_len')}  "
-                    f"latency {trial.values[0]:.2f} ms{cached}")  # fmt: skip
+                    f"latency {trial.values[0]:.2f} ms "
+                    f"(reference {trial.user_attrs['latency_reference_ms']:.2f} ms)")  # fmt: skip
         else:
             line = f"trial {trial.number:3d}: {trial.state.name} {trial.user_attrs.get('error', '')[:160]}"
         self._emit(line, study)
@@ -137,6 +186,7 @@ def run_sweep(settings: SweepSettings, *, progress: bool = True) -> optuna.Study
     """
     from xsearch.latency_cache import LatencyCache, default_cache_path
     from xsearch.search_spaces import load_space
+    from xsearch.storage import open_storage
     from xsearch.tasks import get_task
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -146,8 +196,6 @@ def run_sweep(settings: SweepSettings, *, progress: bool = True) -> optuna.Study
     if too_long:
         raise ValueError(f"seq_len {too_long[0]} exceeds the task's max_len={task.max_len}")
     space = load_space(settings.space, causal=task.kind == "lm", max_len=task.max_len)
-    from xsearch.storage import open_storage
-
     study = optuna.create_study(
         storage=open_storage(settings.storage), study_name=settings.study, direction="minimize", load_if_exists=True
     )
@@ -161,24 +209,37 @@ def run_sweep(settings: SweepSettings, *, progress: bool = True) -> optuna.Study
     study.set_user_attr("settings", {k: v for k, v in asdict(settings).items() if k != "storage"})
     study.set_user_attr("task", task.describe() | {"options": settings.task_options})
     study.set_user_attr("space", space.name)
-    remaining = max(0, settings.samples - done)
-    log.info("sweep %r: %d measured, %d to go (%s, seq_len %s)", settings.study, done, remaining, settings.target,
-             ",".join(map(str, seq_lens)))  # fmt: skip
+    log.info("sweep %r: %d measured, %d to go (%s, seq_len %s)", settings.study, done, max(0, settings.samples - done),
+             settings.target, ",".join(map(str, seq_lens)))  # fmt: skip
     cache_path = default_cache_path() if settings.latency_cache == "default" else settings.latency_cache
-    objective = _SweepObjective(settings, space, task.model_fields(), seq_lens, LatencyCache(cache_path))
+    measurer = _GroupMeasurer(settings, space, task.model_fields(), seq_lens, LatencyCache(cache_path))
     with _SweepReporter(study, settings.samples, progress, "latency", label="sweep") as reporter:
-        study.optimize(objective, n_trials=remaining, catch=(Exception,), callbacks=[reporter], gc_after_trial=True)
+        while (missing := settings.samples - (before := _complete(study))) > 0:
+            with tempfile.TemporaryDirectory(prefix="xsearch-sweep-") as tmp:
+                measurer.run(study, min(settings.group, missing), reporter, tmp)
+            if _complete(study) == before:
+                errors = [t.user_attrs.get("error") for t in study.get_trials(deepcopy=False)[-settings.group :]]
+                last = next((e for e in reversed(errors) if e), "no error recorded")
+                raise RuntimeError(f"sweep {settings.study!r}: no architecture of a whole group was measured ({last})")
     return study
+
+
+def _complete(study: optuna.Study) -> int:
+    return sum(t.state == optuna.trial.TrialState.COMPLETE for t in study.get_trials(deepcopy=False))
 
 
 def rows_from_study(study: optuna.Study) -> list[LatencyRow]:
     """The measured trials of a search or sweep study (any state that recorded a latency).
 
-    Sweep measurements that other processes disturbed (``latency_disturbed`` > 0) are left out.
+    A sweep trial's latency is scaled by ``typical / latency_reference_ms``, where ``typical`` is
+    the median over the study of the reference's latency at that length and batch: the speed of
+    the machine while its group was timed is divided out. Each such row names its group as its
+    ``session`` (the predictor refines the group's speed from all its rows). Measurements of older sweeps that
+    other processes disturbed (``latency_disturbed`` > 0) are left out.
     """
     settings = study.user_attrs.get("settings") or {}
     task = study.user_attrs.get("task") or {}
-    rows, disturbed = [], 0
+    rows, references, disturbed = [], [], 0
     for t in study.get_trials(deepcopy=False):
         attrs = t.user_attrs
         lat, cfg = attrs.get("latency"), attrs.get("model_config")
@@ -191,10 +252,22 @@ def rows_from_study(study: optuna.Study) -> list[LatencyRow]:
         batch = attrs.get("batch") or settings.get("batch") or 1
         target = lat.get("target") or settings.get("target")
         device = attrs.get("device") or lat.get("device") or {}
-        rows.append(LatencyRow(cfg, int(seq_len), int(batch), float(lat["median_ms"]), str(target), device))
+        reference = attrs.get("latency_reference_ms")
+        # Trials of one sweep group share a reference timing (older sweeps did not record the group).
+        session = f"{study.study_name}/{attrs.get('latency_group', reference)}" if reference else ""
+        rows.append(LatencyRow(cfg, int(seq_len), int(batch), float(lat["median_ms"]), str(target), device, session))
+        references.append(reference)
     if disturbed:
         log.info("study %r: %d measurements disturbed by other processes left out", study.study_name, disturbed)
-    return rows
+    typical: dict[tuple[int, int], float] = {}
+    for shape in {(r.seq_len, r.batch) for r in rows}:
+        refs = [ref for r, ref in zip(rows, references) if (r.seq_len, r.batch) == shape and ref]
+        if refs:
+            typical[shape] = statistics.median(refs)
+    return [
+        replace(row, latency_ms=row.latency_ms * typical[(row.seq_len, row.batch)] / ref) if ref else row
+        for row, ref in zip(rows, references)
+    ]
 
 
 def load_rows(storage: str, studies: list[str]) -> list[LatencyRow]:
