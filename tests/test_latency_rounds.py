@@ -137,8 +137,9 @@ def test_sweep_fails_an_unbuildable_architecture_alone_and_never_leaves_trials_r
     for t in trials:
         if t.state.name == "COMPLETE":
             assert t.user_attrs["latency_reference_ms"] > 0 and len(t.user_attrs["latency_round_speed"]) == 2
-            groups.setdefault(t.user_attrs["latency_reference_ms"], []).append(t.number)
+            groups.setdefault(t.user_attrs["latency_group"], set()).add(t.user_attrs["latency_reference_ms"])
     assert len(groups) >= 2  # two groups, each with the reference timed among its members
+    assert all(len(refs) == 1 for refs in groups.values())  # one reference timing per group
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt

@@ -722,11 +722,12 @@ def fit_with_holdout(
     train, test = split_by_architecture(rows, test_fraction, seed)
     if features is not None and len(features) != len(rows):
         raise ValueError(f"features: {len(features)} given for {len(rows)} rows")
-    feats = list(features) if features is not None else []
-    for i, row in enumerate(rows[len(feats) :]):
-        feats.append(row_features(row))
-        if progress is not None:
-            progress(i + 1, len(rows))
+    feats = list(features or [])
+    if features is None:
+        for i, row in enumerate(rows):
+            feats.append(row_features(row))
+            if progress is not None:
+                progress(i + 1, len(rows))
     target, device = rows[0].target, rows[0].device
     held = LatencyPredictor(target, device, seed=seed, **hyper)
     held.fit([rows[i] for i in train], [feats[i] for i in train])

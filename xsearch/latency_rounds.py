@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from xsearch.latency import LatencyStats, device_fingerprint, summarize
+from xsearch.latency import LatencyStats, _timed_runs, device_fingerprint, summarize
 
 _POLISH_ITERATIONS = 10
 
@@ -85,10 +85,7 @@ def round_robin(runs: dict[str, Any], *, warmup: int, per_round: int, rounds: in
         order = list(runs)
         random.Random(seed * 100_003 + r).shuffle(order)
         for name in order:
-            run = runs[name]
-            for _ in range(warmup):
-                run()
-            samples[name].append([run() for _ in range(per_round)])
+            samples[name].append(_timed_runs(runs[name], warmup, per_round, 0.0)[0])
     return samples
 
 

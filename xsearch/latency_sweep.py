@@ -80,11 +80,19 @@ class SweepSettings:
 class _GroupMeasurer:
     """One group of sweep trials: suggest and build each, time them with the reference, tell them."""
 
-    def __init__(self, settings: SweepSettings, space, task_fields: dict[str, Any], seq_lens: list[int], cache):
+    def __init__(self, settings: SweepSettings, space, task_fields: dict[str, Any], seq_lens: list[int], cache,
+                 workdir: str):  # fmt: skip
+        """``workdir``: where the exported files live while the sweep runs (a folder per group)."""
         self.s, self.space, self.fields, self.seq_lens, self.cache = settings, space, task_fields, seq_lens, cache
+        self.workdir = workdir
+        self._reference = None
 
-    def run(self, study: optuna.Study, size: int, reporter, tmp: str) -> None:
-        """Ask ``size`` trials, build them (exported under ``tmp`` for ``ort-*``), time them, tell them."""
+    def run(self, study: optuna.Study, size: int, reporter) -> None:
+        """Ask ``size`` trials, build them (exported for ``ort-*``), time them with the reference, tell them."""
+        with tempfile.TemporaryDirectory(dir=self.workdir) as tmp:
+            self._run(study, size, reporter, tmp)
+
+    def _run(self, study: optuna.Study, size: int, reporter, tmp: str) -> None:
         import torch
 
         import xsearch
@@ -111,7 +119,7 @@ class _GroupMeasurer:
                 except Exception as e:  # one architecture that cannot be built or exported fails alone
                     self._fail(study, open_trials.pop(trial.number), e, reporter)
             for seq_len, members in built.items():
-                self._time(study, seq_len, members, open_trials, reporter, tmp)
+                self._time(study, seq_len, members, open_trials, reporter)
         finally:
             for trial in open_trials.values():  # interrupted: nothing stays RUNNING
                 study.tell(trial, state=optuna.trial.TrialState.FAIL)
@@ -126,18 +134,25 @@ class _GroupMeasurer:
         to_onnx(model, path, check=False)
         return path
 
-    def _time(self, study, seq_len: int, members, open_trials, reporter, tmp: str) -> None:
-        import torch
+    def _reference_model(self):
+        """The space's reference Transformer, prepared once per sweep run (it is the same at every length)."""
+        if self._reference is None:
+            import torch
 
-        import xsearch
+            import xsearch
+
+            torch.manual_seed(self.s.seed)
+            model = xsearch.build_model(self.space.reference_config(self.fields)).eval()
+            self._reference = self._prepare(model, -1, self.workdir)
+        return self._reference
+
+    def _time(self, study, seq_len: int, members, open_trials, reporter) -> None:
         from xsearch.latency_cache import cache_key
         from xsearch.latency_rounds import time_in_rounds
 
         per_round = max(1, -(-self.s.latency_repeats // self.s.rounds))
         try:
-            torch.manual_seed(self.s.seed)
-            reference = xsearch.build_model(self.space.reference_config(self.fields)).eval()
-            models = {REFERENCE: self._prepare(reference, -1, tmp)}
+            models = {REFERENCE: self._reference_model()}
             models.update({f"trial_{t.number}": m for t, m in members})
             timed = time_in_rounds(models, self.s.target, batch=self.s.batch, seq_len=seq_len, threads=self.s.threads,
                                    per_round=per_round, rounds=self.s.rounds,
@@ -211,12 +226,14 @@ def run_sweep(settings: SweepSettings, *, progress: bool = True) -> optuna.Study
     study.set_user_attr("space", space.name)
     log.info("sweep %r: %d measured, %d to go (%s, seq_len %s)", settings.study, done, max(0, settings.samples - done),
              settings.target, ",".join(map(str, seq_lens)))  # fmt: skip
-    cache_path = default_cache_path() if settings.latency_cache == "default" else settings.latency_cache
-    measurer = _GroupMeasurer(settings, space, task.model_fields(), seq_lens, LatencyCache(cache_path))
-    with _SweepReporter(study, settings.samples, progress, "latency", label="sweep") as reporter:
+    cache = LatencyCache(default_cache_path() if settings.latency_cache == "default" else settings.latency_cache)
+    with (
+        _SweepReporter(study, settings.samples, progress, "latency", label="sweep") as reporter,
+        tempfile.TemporaryDirectory(prefix="xsearch-sweep-") as workdir,
+    ):
+        measurer = _GroupMeasurer(settings, space, task.model_fields(), seq_lens, cache, workdir)
         while (missing := settings.samples - (before := _complete(study))) > 0:
-            with tempfile.TemporaryDirectory(prefix="xsearch-sweep-") as tmp:
-                measurer.run(study, min(settings.group, missing), reporter, tmp)
+            measurer.run(study, min(settings.group, missing), reporter)
             if _complete(study) == before:
                 errors = [t.user_attrs.get("error") for t in study.get_trials(deepcopy=False)[-settings.group :]]
                 last = next((e for e in reversed(errors) if e), "no error recorded")
@@ -234,8 +251,8 @@ def rows_from_study(study: optuna.Study) -> list[LatencyRow]:
     A sweep trial's latency is scaled by ``typical / latency_reference_ms``, where ``typical`` is
     the median over the study of the reference's latency at that length and batch: the speed of
     the machine while its group was timed is divided out. Each such row names its group as its
-    ``session`` (the predictor refines the group's speed from all its rows). Measurements of older sweeps that
-    other processes disturbed (``latency_disturbed`` > 0) are left out.
+    ``session`` (the predictor refines the group's speed from all its rows). Measurements of
+    older sweeps that other processes disturbed (``latency_disturbed`` > 0) are left out.
     """
     settings = study.user_attrs.get("settings") or {}
     task = study.user_attrs.get("task") or {}
