@@ -460,8 +460,9 @@ class LatencyPredictor:
     (``"auto"``); a weight decay of None fits no MLP.
 
     Rows that name their measurement ``session`` (a sweep's group) are fitted with each
-    session's speed divided out: a session's speed is the median residual of its rows, estimated
-    and refitted ``SESSION_ITERATIONS`` times, relative to the median session (``sessions``).
+    session's speed divided out: a session's speed is the median residual of its rows against
+    out-of-fold predictions (by models that did not see their architecture), estimated and
+    refitted ``SESSION_ITERATIONS`` times, relative to the median session (``sessions``).
     Predictions are for a typical session.
 
     Args:
@@ -549,9 +550,10 @@ class LatencyPredictor:
         requested = dict(self.hyper)
         estimable = {k for k in set(sessions) if k and sessions.count(k) >= MIN_SESSION_ROWS}
         self.sessions = {}
+        target = y
         for iteration in range(1 + (SESSION_ITERATIONS if len(estimable) >= 2 else 0)):
             if iteration:  # each session's speed: the median residual of its rows, relative to the median session
-                residual = y - self.model(x, a)
+                residual = y - self._out_of_fold(x, a, target, groups)
                 speed = {k: float(np.median(residual[[s == k for s in sessions]])) for k in sorted(estimable)}
                 typical = float(np.median(list(speed.values())))
                 self.sessions = {k: v - typical for k, v in speed.items()}
@@ -568,6 +570,23 @@ class LatencyPredictor:
             "selection": selection,
         }
         return self
+
+    def _out_of_fold(self, x: np.ndarray, a: np.ndarray, y: np.ndarray, groups: list[str]) -> np.ndarray:
+        """Predictions of ``y`` for every row by a model that did not see its architecture (grouped folds).
+
+        A session's speed is read off these: in-sample residuals of a flexible model shrink towards
+        zero (the MLPs learn part of each row's session into its architecture) and would hide the
+        speed they should reveal. One MLP per fold, not the ensemble: the median over a session's
+        rows averages out what the ensemble would.
+        """
+        if len(set(groups)) < CV_FOLDS:
+            return self.model(x, a)
+        out = np.empty_like(y)
+        for test in _grouped_folds(groups, CV_FOLDS, self.hyper["seed"]):
+            train = np.setdiff1d(np.arange(len(y)), test)
+            model = self._model(*(self.hyper[k] for k in ("additive", "alpha", "weight_decay")), members=1)
+            out[test] = model.fit(x[train], a[train], y[train])(x[test], a[test])
+        return out
 
     def _select(self, x: np.ndarray, a: np.ndarray, y: np.ndarray, groups: list[str]) -> dict[str, Any]:
         """Choose the ``"auto"`` settings by cross-validation grouped by architecture (into ``self.hyper``)."""
