@@ -26,6 +26,7 @@ import time
 from xsearch.latency_predictor import (
     LatencyPredictor,
     fit_with_holdout,
+    holdout_metrics,
     kendall_tau,
     mape,
     row_features,
@@ -52,7 +53,7 @@ def sweep_and_fit(name: str, samples: int, seq_lens: list[int], args) -> tuple[L
     predictor = fit_with_holdout(rows, test_fraction=args.test_fraction, seed=args.seed, features=feats)
     fit_s = time.perf_counter() - start
     splits = [predictor.metrics] + [
-        fit_with_holdout(rows, test_fraction=args.test_fraction, seed=args.seed + k, features=feats).metrics
+        holdout_metrics(rows, feats, test_fraction=args.test_fraction, seed=args.seed + k)
         for k in range(1, args.splits)
     ]  # fmt: skip
     info = {

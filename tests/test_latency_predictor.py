@@ -23,8 +23,10 @@ from xsearch.latency_predictor import (
     architecture_features,
     fit_with_holdout,
     forward_counts,
+    holdout_metrics,
     kendall_tau,
     mape,
+    row_features,
     split_by_architecture,
 )
 from xsearch.search import SearchSettings, run_search
@@ -198,6 +200,9 @@ def test_sessions_timed_at_different_machine_speeds_are_divided_out(tmp_path):
     assert blind.metrics["sessions"] == 0 and blind.metrics["mape"] > 2 * m["mape"]
     again = LatencyPredictor.load(p.save(tmp_path / "p.json"))
     assert again.sessions == pytest.approx(p.sessions)
+    # Another split's figures alone (no fit on every row) are what fit_with_holdout reports for that split.
+    other = holdout_metrics(rows, [row_features(r) for r in rows], seed=1, members=2, epochs=300)
+    assert other == fit_with_holdout(rows, seed=1, members=2, epochs=300).metrics and other["split_seed"] == 1
 
 
 def test_session_speeds_are_read_off_predictions_that_did_not_see_the_row():

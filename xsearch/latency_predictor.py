@@ -738,7 +738,6 @@ def fit_with_holdout(
         hyper: ``LatencyPredictor`` settings (members, hidden, epochs, weight_decay).
     """
     rows = list(rows)
-    train, test = split_by_architecture(rows, test_fraction, seed)
     if features is not None and len(features) != len(rows):
         raise ValueError(f"features: {len(features)} given for {len(rows)} rows")
     feats = list(features or [])
@@ -747,15 +746,32 @@ def fit_with_holdout(
             feats.append(row_features(row))
             if progress is not None:
                 progress(i + 1, len(rows))
-    target, device = rows[0].target, rows[0].device
-    held = LatencyPredictor(target, device, seed=seed, **hyper)
-    held.fit([rows[i] for i in train], [feats[i] for i in train])
-    typical = held.predict_features([feats[i] for i in test])
+    metrics = holdout_metrics(rows, feats, test_fraction=test_fraction, seed=seed, **hyper)
+    final = LatencyPredictor(rows[0].target, rows[0].device, seed=seed, **hyper).fit(rows, feats)
+    final.metrics = metrics
+    return final
+
+
+def holdout_metrics(
+    rows: Sequence[LatencyRow],
+    features: Sequence[dict[str, float]],
+    *,
+    test_fraction: float = 0.2,
+    seed: int = 0,
+    **hyper: Any,
+) -> dict[str, Any]:
+    """The held-out figures of ``fit_with_holdout`` for one split, without the fit on every row
+    (several splits of one set of rows; ``features``: their ``row_features``, in order)."""
+    rows = list(rows)
+    train, test = split_by_architecture(rows, test_fraction, seed)
+    held = LatencyPredictor(rows[0].target, rows[0].device, seed=seed, **hyper)
+    held.fit([rows[i] for i in train], [features[i] for i in train])
+    typical = held.predict_features([features[i] for i in test])
     pred = typical * np.array([held.session_speed(rows[i].session) for i in test])
     actual = np.array([rows[i].latency_ms for i in test])
     errors = np.abs(pred - actual) / actual
     worst = sorted(range(len(test)), key=lambda k: -errors[k])[:5]
-    metrics = {
+    return {
         "mape": mape(actual, pred),
         "kendall_tau": kendall_tau(actual, pred) if len(test) > 1 else None,
         "mape_typical_session": mape(actual, typical),
@@ -788,9 +804,6 @@ def fit_with_holdout(
             for i, a, p, t in zip(test, actual, pred, typical)
         ],  # fmt: skip
     }
-    final = LatencyPredictor(target, device, seed=seed, **hyper).fit(rows, feats)
-    final.metrics = metrics
-    return final
 
 
 def load_for_target(path: str | os.PathLike, target: str, threads: int | None) -> LatencyPredictor:
