@@ -7,8 +7,9 @@ import math
 import torch
 
 from xsearch.attention._base import Attention, AttentionSpec, exporting, positive_int
-from xsearch.attention._kernel_core import KERNEL_EPS, kernel_attention
+from xsearch.attention._kernel_core import KERNEL_EPS, NEG, kernel_attention
 from xsearch.attention._registry import register
+from xsearch.errors import XSearchError
 
 
 def orthogonal_features(m: int, d: int, generator: torch.Generator | None = None) -> torch.Tensor:
@@ -48,16 +49,19 @@ class PerformerAttention(Attention):
     eval mode is deterministic.
 
     Stabilisers: each query row subtracts its own max (it cancels in the ratio). Keys subtract
-    the max over real keys in the encoder; in causal mode that would make early outputs depend
-    numerically on later keys, so the decoder uses the data-independent bound
-    ``w·x - |x|²/2 <= |w|²/2`` instead.
+    the max over real keys in the encoder. In causal mode that max would make early outputs
+    depend numerically on later keys, so each key subtracts its own max s_j and
+    ``kernel_attention`` combines the keys query i sees relative to ``max_{j <= i} s_j``: the
+    encoder's stabiliser on the prefix, so a decoder output equals the encoder's on its prefix.
+    (A data-independent bound such as ``|w|²/2`` made the features so small that the normaliser
+    lost its precision.)
     """
 
     def check_params(self, nb_features, redraw, chunk_size):
         positive_int("performer", "nb_features", nb_features)
         positive_int("performer", "chunk_size", chunk_size)
         if redraw < 0:
-            raise ValueError(f"attention 'performer': parameter 'redraw' must be >= 0, got {redraw}")
+            raise XSearchError(f"attention 'performer': parameter 'redraw' must be >= 0, got {redraw}")
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -83,13 +87,27 @@ class PerformerAttention(Attention):
         logits = self._logits(x)
         if is_query:
             stab = logits.amax(dim=-1, keepdim=True).detach()
-        elif self.causal:
-            stab = 0.5 * (self.projection**2).sum(-1).amax(dim=0)  # w·y - |y|²/2 <= |w|²/2
         else:
             if mask is not None:  # padded keys get exp(-1e30 - stab) = 0: no later pass to zero them
                 logits = logits.masked_fill(~mask[:, None, :, None], -1e30)
             stab = logits.amax(dim=(-2, -1), keepdim=True).detach()
         return logits.sub_(stab).exp_()
+
+    def _causal_key_features(self, k: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Key features stabilised each by its own max, and those maxima as log-scales.
+
+        Returns:
+            ``(B, H, N, M)`` features (zero at padded keys) and ``(B, H, N)`` log-scales (``NEG``
+            at padded keys, so they never raise a running max).
+        """
+        logits = self._logits(k)
+        stab = logits.amax(dim=-1, keepdim=True).detach()  # (B, H, N, 1)
+        phi_k = logits.sub_(stab).exp_()
+        if mask is not None:
+            real = mask[:, None, :, None]
+            phi_k = phi_k * real.to(phi_k.dtype)
+            stab = stab.masked_fill(~real, NEG)
+        return phi_k, stab.squeeze(-1)
 
     def _encoder_chunked(self, q, k, v, mask, chunk: int = ENCODER_CHUNK) -> torch.Tensor:
         """The encoder computed ``chunk`` tokens at a time (eager mode): the same result as
@@ -122,7 +140,7 @@ class PerformerAttention(Attention):
         outs = []
         for s in range(0, n, chunk):
             phi_q = self._features(q[:, :, s : s + chunk], True, None)  # (B, H, c, M)
-            o = torch.matmul(phi_q, kv) / ((phi_q * z).sum(-1, keepdim=True) + KERNEL_EPS)  # (B, H, c, Dh)
+            o = torch.matmul(phi_q, kv) / (phi_q * z).sum(-1, keepdim=True).clamp_min(KERNEL_EPS)  # (B, H, c, Dh)
             outs.append(o.transpose(1, 2))
         # Assembled as (B, N, H, Dh) so merge_heads needs no copy.
         return torch.cat(outs, dim=1).transpose(1, 2)
@@ -137,7 +155,8 @@ class PerformerAttention(Attention):
         if not self.causal and not exporting():  # a loop over chunks of a symbolic length cannot be traced
             return self._encoder_chunked(q, k, v, mask)
         phi_q = self._features(q, True, mask)
-        phi_k = self._features(k, False, mask)
-        if mask is not None and self.causal:  # (the encoder's key features are zero there already)
-            phi_k = phi_k * mask[:, None, :, None].to(phi_k.dtype)
-        return kernel_attention(phi_q, phi_k, v, causal=self.causal, chunk=self.params["chunk_size"])
+        if self.causal:
+            phi_k, s = self._causal_key_features(k, mask)
+            return kernel_attention(phi_q, phi_k, v, causal=True, chunk=self.params["chunk_size"], key_logscale=s)
+        phi_k = self._features(k, False, mask)  # zero at padded keys already
+        return kernel_attention(phi_q, phi_k, v, causal=False)
