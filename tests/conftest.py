@@ -1,3 +1,6 @@
+import os
+import tempfile
+
 import pytest
 import torch
 
@@ -62,3 +65,9 @@ def input_dependence(m, x):
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+# The suite keeps what it caches (generated tasks, measured latencies, tracebacks) out of the user's
+# ~/.cache/xsearch: one folder per session, shared by its tests and the CLI processes they start.
+if "XSEARCH_CACHE_DIR" not in os.environ:
+    os.environ["XSEARCH_CACHE_DIR"] = tempfile.mkdtemp(prefix="xsearch-test-cache-")

@@ -3,8 +3,14 @@ from collections import deque
 import numpy as np
 import pytest
 
-from xsearch.tasks import get_task
+from xsearch.errors import XSearchError
+from xsearch.tasks import check_task_options, get_task
 from xsearch.tasks.pathfinder import LINK, MARKER, pathfinder_samples
+
+
+@pytest.fixture(autouse=True)
+def _own_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("XSEARCH_CACHE_DIR", str(tmp_path / "cache"))
 
 
 def components(points: set, radius: int) -> list[set]:
@@ -52,7 +58,7 @@ def test_deterministic_by_seed_and_sizes():
     assert not all(np.array_equal(x[0], y[0]) for x, y in zip(a, pathfinder_samples(6, seed=2)))
     for img, label in pathfinder_samples(10, seed=3, size=48):
         assert img.shape == (48, 48) and markers_connected(img) == bool(label)
-    with pytest.raises(ValueError, match="n_paths"):
+    with pytest.raises(XSearchError, match="n_paths"):
         pathfinder_samples(2, n_paths=1)
 
 
@@ -61,3 +67,14 @@ def test_pathfinder_task_tokens():
     assert t.max_len == 1024 and t.n_classes == 2 and t.encoding.vocab_size == 257
     ids, mask, labels = next(t.batches("train", 8))
     assert ids.shape == (8, 1024) and mask.all() and ids.min() >= 1 and ids.max() <= 256
+
+
+def test_pathfinder_options():
+    opts = check_task_options("pathfinder", {"size": 20})
+    assert opts == {"n_train": 2000, "n_valid": 200, "n_test": 200, "size": 20, "n_paths": 3, "path_len": 14,
+                    "curvature": 0.3, "seed": 0}  # fmt: skip
+    for bad, pattern in (({"n_paths": 1}, "'n_paths' must be >= 2, got 1"),
+                         ({"path_len": 2}, "'path_len' must be >= 4, got 2"),
+                         ({"curvature": -0.1}, "'curvature' must be >= 0, got -0.1")):  # fmt: skip
+        with pytest.raises(XSearchError, match=pattern):
+            get_task("pathfinder", **bad)

@@ -1,7 +1,10 @@
 """Tasks: ``listops`` and ``pathfinder`` (generated), ``text`` (JSONL classification), ``lm`` (byte-level LM).
 
-``get_task(name, **options)`` builds one; ``listops_samples`` exposes the ListOps generator.
-Imports are lazy so that ``xsearch.tasks.encoding`` can be used without torch.
+``get_task(name, **options)`` builds one; ``check_task_options(name, options)`` checks and resolves
+its options without building it (each task's options are declared in ``xsearch.tasks.options``).
+The generated tasks are cached on disk (``xsearch.tasks.cache``: ``$XSEARCH_CACHE_DIR/tasks``;
+``XSEARCH_NO_TASK_CACHE=1`` bypasses it). ``listops_samples`` and ``pathfinder_samples`` expose
+the generators. Imports are lazy so that ``xsearch.tasks.encoding`` can be used without torch.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ _BUILDERS = {
     "pathfinder": ("xsearch.tasks.builders", "pathfinder_task"),
 }
 _LAZY = {
+    "check_task_options": "xsearch.tasks.options",
     "listops_samples": "xsearch.tasks.listops",
     "evaluate_expression": "xsearch.tasks.listops",
     "Task": "xsearch.tasks.base",
@@ -30,19 +34,19 @@ def list_tasks() -> list[str]:
 
 
 def get_task(name: str, **options: Any):
-    """Build task ``name`` with ``options`` (see each builder's docstring).
+    """Build task ``name`` with ``options`` (declared in ``xsearch.tasks.options``).
+
+    The options are checked first (``check_task_options``), so a bad one fails before any work.
 
     Raises:
-        ValueError: an unknown task name or option.
+        XSearchError: an unknown task or option, a bad value, a malformed data file.
+        MissingPathError: a data file that does not exist.
     """
-    if name not in _BUILDERS:
-        raise ValueError(f"unknown task {name!r}; valid: {', '.join(list_tasks())}")
+    from xsearch.tasks.options import check_task_options
+
+    resolved = check_task_options(name, options)
     module, func = _BUILDERS[name]
-    builder = getattr(importlib.import_module(module), func)
-    try:
-        return builder(**options)
-    except TypeError as e:  # an unexpected keyword: name it
-        raise ValueError(f"task {name!r}: {e}") from None
+    return getattr(importlib.import_module(module), func)(resolved)
 
 
 def __getattr__(name: str):

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from xsearch.errors import XSearchError
 from xsearch.tasks.encoding import PAD_ID, Encoding
 
 SPLITS = ("train", "valid", "test")
@@ -39,6 +41,7 @@ class Task:
     label_names: list[str] | None = None
     options: dict[str, Any] = field(default_factory=dict)
     data: dict[str, Any] = field(default_factory=dict, repr=False)
+    _chance: dict[str, float] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def size(self, split: str) -> int:
         """Examples (classify) or tokens (lm) in ``split``."""
@@ -47,8 +50,36 @@ class Task:
 
     def _split(self, split: str):
         if split not in SPLITS:
-            raise ValueError(f"unknown split {split!r}; valid: {', '.join(SPLITS)}")
+            raise XSearchError(f"unknown split {split!r}; valid: {', '.join(SPLITS)}")
         return self.data[split]
+
+    def chance(self, split: str) -> float:
+        """The level a model must beat on ``split`` (cached per split).
+
+        ``classify``: the accuracy of always answering the most frequent label of ``split``.
+        ``lm``: the bits per byte on ``split`` of a unigram byte model fitted on the train split
+        (add-one smoothed over the 256 byte values).
+        """
+        if split not in self._chance:
+            self._chance[split] = self._classify_chance(split) if self.kind == "classify" else self._lm_chance(split)
+        return self._chance[split]
+
+    def _classify_chance(self, split: str) -> float:
+        labels = self._split(split)[1]
+        if not len(labels):
+            raise XSearchError(f"split {split!r} is empty: it has no chance level")
+        return Counter(labels).most_common(1)[0][1] / len(labels)
+
+    def _lm_chance(self, split: str) -> float:
+        def byte_counts(stream: torch.Tensor) -> torch.Tensor:
+            return torch.bincount(stream, minlength=257)[1:257].double()  # id = byte + 1
+
+        fit = byte_counts(self._split("train"))
+        counts = byte_counts(self._split(split))
+        if counts.sum() == 0:
+            raise XSearchError(f"split {split!r} is empty: it has no chance level")
+        log_p = torch.log2((fit + 1) / (fit.sum() + 256))
+        return float(-(counts * log_p).sum() / counts.sum())
 
     def batches(
         self,
@@ -66,7 +97,7 @@ class Task:
         ``seed``; for lm, the train split yields random windows forever when shuffled.
         """
         if batch_size <= 0:
-            raise ValueError(f"batch_size must be > 0, got {batch_size}")
+            raise XSearchError(f"batch_size must be > 0, got {batch_size}")
         g = torch.Generator().manual_seed(seed)
         count = 0
         if self.kind == "classify":
@@ -83,7 +114,7 @@ class Task:
         stream = self._split(split)
         n = self.max_len
         if len(stream) < n + 1:
-            raise ValueError(f"split {split!r} has {len(stream)} tokens, fewer than max_len + 1 = {n + 1}")
+            raise XSearchError(f"split {split!r} has {len(stream)} tokens, fewer than max_len + 1 = {n + 1}")
         if shuffle:
             while max_batches is None or count < max_batches:
                 starts = torch.randint(0, len(stream) - n, (batch_size,), generator=g)
@@ -104,17 +135,17 @@ class Task:
         """Encode raw inputs into a padded ``(input_ids, mask)`` batch.
 
         Raises:
-            ValueError: an input longer than ``max_len`` (unless ``truncate``), or empty.
+            XSearchError: an input longer than ``max_len`` (unless ``truncate``), or empty.
         """
         seqs = []
         for i, t in enumerate(texts):
             ids = self.encoding.encode(t)
             if len(ids) > self.max_len:
                 if not truncate:
-                    raise ValueError(f"input {i} has {len(ids)} tokens, more than max_len={self.max_len}")
+                    raise XSearchError(f"input {i} has {len(ids)} tokens, more than max_len={self.max_len}")
                 ids = ids[: self.max_len]
             if not ids:
-                raise ValueError(f"input {i} is empty")
+                raise XSearchError(f"input {i} is empty")
             seqs.append(ids)
         return pad_batch(seqs)
 

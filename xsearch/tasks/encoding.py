@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from xsearch.errors import XSearchError
+
 PAD_ID = 0
 
 
@@ -23,9 +25,9 @@ class Encoding:
 
     def __post_init__(self) -> None:
         if self.kind not in ("tokens", "bytes"):
-            raise ValueError(f"Encoding.kind must be 'tokens' or 'bytes', got {self.kind!r}")
+            raise XSearchError(f"Encoding.kind must be 'tokens' or 'bytes', got {self.kind!r}")
         if self.kind == "tokens" and (not self.vocab or self.vocab[0] != "<pad>"):
-            raise ValueError("a 'tokens' encoding needs a vocab starting with '<pad>'")
+            raise XSearchError("a 'tokens' encoding needs a vocab starting with '<pad>'")
 
     @property
     def vocab_size(self) -> int:
@@ -35,7 +37,7 @@ class Encoding:
         """Token ids of one input.
 
         Raises:
-            ValueError: a symbol outside the vocabulary, or bytes that are not UTF-8.
+            XSearchError: a symbol outside the vocabulary, or bytes that are not UTF-8.
         """
         if self.kind == "bytes":
             if isinstance(text, str):
@@ -45,18 +47,18 @@ class Encoding:
                 try:
                     data.decode("utf-8")
                 except UnicodeDecodeError as e:
-                    raise ValueError(f"input is not valid UTF-8: {e}") from None
+                    raise XSearchError(f"input is not valid UTF-8: {e}") from None
             return [b + 1 for b in data]
         if isinstance(text, bytes):
             try:
                 text = text.decode("utf-8")
             except UnicodeDecodeError as e:
-                raise ValueError(f"input is not valid UTF-8: {e}") from None
+                raise XSearchError(f"input is not valid UTF-8: {e}") from None
         index = self._index()
         ids = []
         for tok in text.split():
             if tok not in index:
-                raise ValueError(f"unknown token {tok!r} (vocabulary: {' '.join(self.vocab[1:])})")
+                raise XSearchError(f"unknown token {tok!r} (vocabulary: {' '.join(self.vocab[1:])})")
             ids.append(index[tok])
         return ids
 
@@ -79,7 +81,7 @@ class Encoding:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Encoding:
         if not isinstance(data, dict) or "kind" not in data:
-            raise ValueError(f"malformed encoding description: {data!r}")
+            raise XSearchError(f"malformed encoding description: {data!r}")
         return cls(kind=data["kind"], vocab=tuple(data.get("vocab", ())))
 
 

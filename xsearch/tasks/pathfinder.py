@@ -16,11 +16,16 @@ from __future__ import annotations
 
 import math
 import random
+from dataclasses import dataclass
 
 import numpy as np
 
+from xsearch.errors import XSearchError
+from xsearch.settings import option
+from xsearch.tasks.common import SplitSizes, checked
 from xsearch.tasks.encoding import Encoding
 
+GENERATOR_VERSION = 1  # bump whenever the images drawn for given options change (it keys the task cache)
 PATH, MARKER = 160, 255
 LINK = 2  # neighbourhood radius that bridges the 1-pixel dash gaps
 CLEARANCE = 5  # min Chebyshev distance between pixels of different paths (> marker radius + LINK + 1)
@@ -105,18 +110,44 @@ def pathfinder_image(
         for y, x in ends:
             img[max(y - 1, 0) : y + 2, max(x - 1, 0) : x + 2] = MARKER
         return img
-    raise RuntimeError(f"could not place {n_paths} paths of length {path_len} in a {size}x{size} image")
+    raise XSearchError(
+        f"could not place {n_paths} paths of length {path_len} in a {size}x{size} image; "
+        "lower n_paths or path_len, or raise size"
+    )
+
+
+def default_path_len(size: int) -> int:
+    """Steps of each path when ``path_len`` is not given."""
+    return int(size * 0.7)
+
+
+@dataclass
+class PathfinderOptions(SplitSizes):
+    """The options of the ``pathfinder`` task (and of the generator)."""
+
+    size: int = option(32, "image side in pixels (size**2 tokens)", ge=16)
+    n_paths: int = option(3, "paths per image, distractors included (a negative joins two paths)", ge=2)
+    path_len: int | None = option(None, "steps of each path (default: 0.7 * size)", ge=4)
+    curvature: float = option(0.3, "standard deviation of a path's turn per step (radians)", ge=0)
+    seed: int = option(0, "seeds the generator")
+
+    def rules(self) -> None:
+        if self.path_len is None:
+            self.path_len = default_path_len(self.size)
 
 
 def pathfinder_samples(
     n: int, *, seed: int = 0, size: int = 32, n_paths: int = 3, path_len: int | None = None, curvature: float = 0.3
 ) -> list[tuple[np.ndarray, int]]:
-    """``n`` images with balanced labels (1 = markers connected), fully determined by ``seed``."""
-    if size < 16:
-        raise ValueError(f"pathfinder size must be >= 16, got {size}")
-    if n_paths < 2:
-        raise ValueError(f"pathfinder needs n_paths >= 2 (a negative joins two paths), got {n_paths}")
-    path_len = path_len or int(size * 0.7)
+    """``n`` images with balanced labels (1 = markers connected), fully determined by ``seed``.
+
+    Raises:
+        XSearchError: a value outside its declared range (``PathfinderOptions``; a negative needs two
+            paths, so ``n_paths >= 2``), or paths that do not fit.
+    """
+    o = checked(PathfinderOptions, "pathfinder", {"size": size, "n_paths": n_paths, "path_len": path_len,
+                                                  "curvature": curvature})  # fmt: skip
+    size, n_paths, path_len, curvature = o.size, o.n_paths, o.path_len, o.curvature
     rng = random.Random(seed)
     out = []
     for i in range(n):
