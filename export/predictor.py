@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from xsearch.errors import MissingPathError, XSearchError
 from xsearch.export.metadata import INPUTS, OUTPUT, parse_metadata
 from xsearch.tasks.encoding import Encoding
 
@@ -37,8 +38,11 @@ def read_metadata(path: str | os.PathLike) -> dict[str, Any]:
 
     p = Path(path)
     if not p.is_file():
-        raise FileNotFoundError(f"no such ONNX file: {p}")
-    model = onnx.load(str(p), load_external_data=False)
+        raise MissingPathError(f"no such ONNX file: {p}")
+    try:
+        model = onnx.load(str(p), load_external_data=False)
+    except Exception as e:  # protobuf's DecodeError and others for a damaged or foreign file
+        raise XSearchError(f"cannot read {p} as an ONNX model ({type(e).__name__}: {e})") from None
     return parse_metadata({e.key: e.value for e in model.metadata_props}, str(p))
 
 
@@ -61,7 +65,7 @@ class Predictor:
 
         p = Path(path)
         if not p.is_file():
-            raise FileNotFoundError(f"no such ONNX file: {p}")
+            raise MissingPathError(f"no such ONNX file: {p}")
         opts = ort.SessionOptions()
         opts.log_severity_level = 3  # errors only: a deployment host wants no onnxruntime chatter on stderr
         if threads is not None:
@@ -72,7 +76,7 @@ class Predictor:
         try:
             self.session = ort.InferenceSession(str(p), opts, providers=providers or ["CPUExecutionProvider"])
         except Exception as e:  # onnxruntime raises its own exception types for a bad file
-            raise ValueError(f"cannot load {p} with onnxruntime: {e}") from None
+            raise XSearchError(f"cannot load {p} with onnxruntime: {e}") from None
         meta = parse_metadata(self.session.get_modelmeta().custom_metadata_map, str(p))
         self.path = str(p)
         self.version = meta["version"]
@@ -114,7 +118,13 @@ class Predictor:
         return self.session.run([OUTPUT], {INPUTS[0]: ids, INPUTS[1]: m})[0]
 
     def encode(self, inputs: list[Any], *, truncate: bool = False) -> tuple[np.ndarray, np.ndarray]:
-        """Raw strings (or token-id lists) into a padded ``(input_ids, mask)`` batch."""
+        """Raw strings (or token-id lists) into a padded ``(input_ids, mask)`` batch.
+
+        Raises:
+            ValueError: an empty list or input, an input neither a string nor a list of integer
+                token ids (bools are not ids), an id outside ``[0, vocab_size)``, a symbol outside
+                the encoding, or an input over ``max_len`` without ``truncate``.
+        """
         if not isinstance(inputs, (list, tuple)) or len(inputs) == 0:
             raise ValueError("predict needs a non-empty list of inputs")
         seqs = []
@@ -123,8 +133,8 @@ class Predictor:
                 if self.encoding is None:
                     raise ValueError(f"{self.path} has no encoding in its metadata; pass token-id lists")
                 ids = self.encoding.encode(item)
-            elif isinstance(item, (list, tuple)) and all(isinstance(t, (int, np.integer)) for t in item):
-                ids = [int(t) for t in item]
+            elif isinstance(item, (list, tuple)):
+                ids = self._token_ids(i, item)
             else:
                 raise ValueError(f"input {i} must be a string or a list of token ids, got {type(item).__name__}")
             if not ids:
@@ -143,6 +153,21 @@ class Predictor:
             arr[i, : len(s)] = s
             mask[i, : len(s)] = True
         return arr, mask
+
+    def _token_ids(self, i: int, item: list[Any] | tuple[Any, ...]) -> list[int]:
+        """Input ``i`` given as token ids: integers (never bools) in ``[0, vocab_size)``."""
+        ids = []
+        for j, t in enumerate(item):
+            if isinstance(t, (bool, np.bool_)) or not isinstance(t, (int, np.integer)):
+                raise ValueError(
+                    f"input {i} must be a string or a list of token ids, but its token {j} is a {type(t).__name__}"
+                )
+            t = int(t)
+            if not 0 <= t < self.vocab_size:
+                shown = str(t) if abs(t) < 10**12 else f"of about {int(t.bit_length() * 0.30103) + 1} digits"
+                raise ValueError(f"input {i}: token id {shown} (token {j}) is outside [0, {self.vocab_size})")
+            ids.append(t)
+        return ids
 
     def predict(
         self, inputs: list[Any], *, truncate: bool = False, top_k: int = 3, batch_size: int = 32

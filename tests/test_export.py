@@ -1,11 +1,9 @@
 """Every variant exports to one ONNX file that matches torch under onnxruntime."""
 
-import http.client
 import json
 import logging
 import subprocess
 import sys
-import threading
 
 import numpy as np
 import pytest
@@ -244,40 +242,6 @@ def test_deployment_never_imports_torch(trained, tmp_path):
     assert r.returncode == 0, r.stderr
     lines = [json.loads(x) for x in r.stdout.splitlines()]
     assert len(lines) == 2 and all(x["label"] in [str(i) for i in range(10)] for x in lines)
-
-
-def test_server_over_a_real_socket(trained):
-    from xsearch.export.serve import PredictServer
-
-    _, d = trained
-    server = PredictServer(Predictor(d / "m.onnx"), "127.0.0.1", 0, max_body=2000, max_batch=4)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    port = server.server_address[1]
-
-    def call(method, path, body=None):
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-        conn.request(method, path, body=body, headers={"Content-Type": "application/json"})
-        r = conn.getresponse()
-        data = json.loads(r.read() or b"{}")
-        conn.close()
-        return r.status, data
-
-    try:
-        status, body = call("GET", "/health")
-        assert status == 200 and body["status"] == "ok" and body["max_len"] == 64
-        status, body = call("POST", "/predict", json.dumps(["[MAX 1 2 ]", [5, 6, 7]]))
-        assert status == 200 and len(body["predictions"]) == 2
-        assert Predictor(d / "m.onnx").predict(["[MAX 1 2 ]"])[0].to_dict() == body["predictions"][0]
-        assert call("POST", "/predict", "{oops")[0] == 400
-        assert call("POST", "/predict", json.dumps({"inputs": []}))[0] == 400
-        assert call("POST", "/predict", json.dumps(["[BAD ]"]))[0] == 400
-        assert call("POST", "/predict", json.dumps(["[MAX 1 2 ]"] * 5))[0] == 413
-        assert call("POST", "/predict", json.dumps(["x" * 3000]))[0] == 413
-        assert call("GET", "/nowhere")[0] == 404
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def test_cli_export_and_bench(trained, tmp_path):
