@@ -15,11 +15,10 @@ import torch
 import xsearch
 from xsearch.cli import main
 from xsearch.latency import device_fingerprint
-from xsearch.latency_predictor import (
+from xsearch.latency.predictor import (
     COUNT_KINDS,
     LatencyPredictor,
     LatencyRow,
-    _nnls,
     architecture_features,
     fit_with_holdout,
     forward_counts,
@@ -29,6 +28,7 @@ from xsearch.latency_predictor import (
     row_features,
     split_by_architecture,
 )
+from xsearch.latency.predictor.models import _nnls
 from xsearch.search import SearchSettings, run_search
 
 TASK_OPTS = {"n_train": 64, "n_valid": 32, "n_test": 16, "min_len": 16, "max_len": 64, "max_depth": 4}
@@ -318,7 +318,7 @@ def test_bad_inputs_are_one_line_errors(tmp_path, synthetic_predictor, capsys):
 
 
 def test_rows_of_one_target_and_device_are_chosen_or_the_mix_is_named():
-    from xsearch.latency_sweep import select_rows
+    from xsearch.latency.predictor.data import select_rows
 
     cpu1, cpu2 = device_fingerprint("torch-cpu", 1), device_fingerprint("torch-cpu", 2)
     rows = [LatencyRow(config(), 64, 1, 1.0, "torch-cpu", cpu1), LatencyRow(config(), 64, 1, 2.0, "ort-cpu", cpu1),

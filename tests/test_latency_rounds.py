@@ -8,9 +8,9 @@ import pytest
 import xsearch
 from xsearch.cli import main
 from xsearch.export.onnx_export import to_onnx
-from xsearch.latency_predictor import LatencyRow
-from xsearch.latency_rounds import median_polish, round_robin, time_in_rounds
-from xsearch.latency_sweep import rows_from_study
+from xsearch.latency.predictor.data import rows_from_study
+from xsearch.latency.predictor.features import LatencyRow
+from xsearch.latency.rounds import median_polish, round_robin, time_in_rounds
 
 TASK_OPTS = {"n_train": 32, "n_valid": 8, "n_test": 8, "min_len": 16, "max_len": 64, "max_depth": 4}
 TASK_FLAGS = ["--task", "listops", *sum((["--task-opt", f"{k}={v}"] for k, v in TASK_OPTS.items()), [])]
@@ -71,7 +71,7 @@ def test_time_in_rounds_bad_input_names_the_value(tmp_path):
     model = small_model()
     with pytest.raises(ValueError, match="at least one model"):
         time_in_rounds({}, seq_len=8)
-    with pytest.raises(ValueError, match="rounds must be >= 1, got 0"):
+    with pytest.raises(ValueError, match="rounds must be an integer >= 1, got 0"):
         time_in_rounds({"m": model}, "torch-cpu", seq_len=8, rounds=0)
     with pytest.raises(ValueError, match="unknown target 'tpu'"):
         time_in_rounds({"m": model}, "tpu", seq_len=8)
@@ -116,7 +116,7 @@ def _sweep_argv(storage, *extra):
 
 
 def test_sweep_fails_an_unbuildable_architecture_alone_and_never_leaves_trials_running(tmp_path, monkeypatch, capsys):
-    from xsearch import latency_sweep
+    from xsearch.latency import sweep as latency_sweep
 
     monkeypatch.setenv("XSEARCH_CACHE_DIR", str(tmp_path / "cache"))
     storage = f"sqlite:///{tmp_path}/sw.db"
@@ -144,7 +144,7 @@ def test_sweep_fails_an_unbuildable_architecture_alone_and_never_leaves_trials_r
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("xsearch.latency_rounds.time_in_rounds", interrupted)
+    monkeypatch.setattr("xsearch.latency.rounds.time_in_rounds", interrupted)
     with pytest.raises(KeyboardInterrupt):
         latency_sweep.run_sweep(latency_sweep.SweepSettings(
             task="listops", task_options=TASK_OPTS, space="tiny", target="torch-cpu", samples=7, storage=storage,
@@ -159,6 +159,7 @@ def test_sweep_fails_an_unbuildable_architecture_alone_and_never_leaves_trials_r
 
     monkeypatch.setattr(latency_sweep._GroupMeasurer, "_prepare", full_disk)
     capsys.readouterr()
-    assert main(_sweep_argv(storage, "--samples", "9")) == 2
+    assert main(_sweep_argv(storage, "--samples", "9")) == 1  # not the user's input: a system error
     err = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("xsearch")]
     assert len(err) == 1 and "no architecture of a whole group was measured" in err[0] and "disk full" in err[0]
+    assert err[0].startswith("xsearch: system error: OSError") and "traceback: " in err[0]

@@ -8,8 +8,8 @@ import pytest
 import xsearch
 from xsearch.cli import main
 from xsearch.latency import measure, measure_interleaved
-from xsearch.report import pick
 from xsearch.search import Objective, SearchSettings, is_feasible, pareto_front, run_search
+from xsearch.search.report import pick
 
 TASK_OPTS = {"n_train": 64, "n_valid": 32, "n_test": 16, "min_len": 16, "max_len": 64, "max_depth": 4}
 
@@ -78,10 +78,10 @@ def test_search_end_to_end_resume_and_report(tmp_path, capsys, caplog):
 def test_failing_trial_is_recorded_and_study_goes_on(tmp_path, monkeypatch):
     run = Objective._run
 
-    def flaky(self, trial):
+    def flaky(self, trial, *rest):
         if trial.number == 1:
             raise RuntimeError("boom in trial 1")
-        return run(self, trial)
+        return run(self, trial, *rest)
 
     monkeypatch.setattr(Objective, "_run", flaky)
     s = settings(tmp_path, target="torch-cpu")
@@ -89,6 +89,25 @@ def test_failing_trial_is_recorded_and_study_goes_on(tmp_path, monkeypatch):
     trials = optuna.load_study(study_name="t", storage=s.storage).get_trials()
     assert [t.state.name for t in trials] == ["COMPLETE", "FAIL", "COMPLETE", "COMPLETE"]  # 3 COMPLETE in all
     assert trials[1].user_attrs["error"] == "RuntimeError: boom in trial 1"
+
+
+def test_a_search_whose_trials_keep_failing_for_one_reason_stops_with_it(tmp_path, monkeypatch):
+    def broken(self, trial, *rest):
+        raise RuntimeError("the same bug every time")
+
+    monkeypatch.setattr(Objective, "_run", broken)
+    s = settings(tmp_path, target="torch-cpu", trials=50, max_failures=3)
+    with pytest.raises(RuntimeError, match="3 trials in a row failed with RuntimeError: the same bug every time"):
+        run_search(s, progress=False)
+    trials = optuna.load_study(study_name="t", storage=s.storage).get_trials()
+    assert [t.state.name for t in trials] == ["FAIL"] * 3
+
+    def user_error(self, trial, *rest):
+        raise xsearch.XSearchError("a candidate the space cannot build")
+
+    monkeypatch.setattr(Objective, "_run", user_error)
+    with pytest.raises(xsearch.XSearchError, match="in a row failed with XSearchError: a candidate"):
+        run_search(settings(tmp_path, target="torch-cpu", trials=50, study="u"), progress=False)
 
 
 def test_budgets_are_constraints_and_infeasible_trials_stay_off_the_front(tmp_path):
@@ -160,7 +179,7 @@ def fake_latency(monkeypatch):
         ms = model.config.d_model * model.config.n_layers / 64
         return LatencyStats(ms, ms, ms, ms, 0.0, 1, target, {"threads": kw.get("threads")})
 
-    monkeypatch.setattr("xsearch.latency.measure", measure)
+    monkeypatch.setattr("xsearch.latency.timing.measure", measure)
 
 
 def test_budgeted_search_prunes_over_budget_before_training_and_stops_weak_trials_early(tmp_path, monkeypatch, capsys):
@@ -232,13 +251,13 @@ def test_budgeted_search_settings_errors(tmp_path):
     with pytest.raises(ValueError, match="equal training steps"):
         settings(tmp_path, objective="accuracy", max_latency_ms=1.0, pruner="median", train_steps=None,
                  train_seconds=1.0)  # fmt: skip
-    with pytest.raises(ValueError, match="unknown objective 'speed'"):
+    with pytest.raises(ValueError, match="objective must be one of both, accuracy, got 'speed'"):
         settings(tmp_path, objective="speed")
     assert main(["search", "--task", "listops", "--space", "tiny", "--objective", "accuracy"]) == 2
 
 
 def test_trial_zero_is_the_reference_and_workers_with_one_seed_draw_different_candidates(tmp_path):
-    from xsearch.search import PerTrialSampler, make_sampler
+    from xsearch.search.sampling import PerTrialSampler, make_sampler
 
     url = f"sqlite:///{tmp_path}/w.db"
     workers = [
@@ -252,3 +271,73 @@ def test_trial_zero_is_the_reference_and_workers_with_one_seed_draw_different_ca
     # the same seed and trial number draw the same candidate: one worker's study is reproducible
     again = optuna.create_study(sampler=PerTrialSampler(lambda n: make_sampler("tpe", 0 + n, 10), {"x": 0.5}))
     assert [again.ask().suggest_float("x", 0.0, 1.0) for _ in range(4)] == xs
+
+
+SMALL_SPACE = """\
+name: two
+reference: {attention: full, d_model: 16, n_layers: 1, n_heads: 2, ffn_ratio: 1}
+model: {d_model: [16], n_layers: [1], n_heads: [2], ffn_ratio: [1]}
+attention:
+  full: {}
+  local: {block_size: [8]}
+"""
+
+
+def test_a_repeated_candidate_reuses_its_twin_instead_of_training_again(tmp_path, monkeypatch):
+    space = tmp_path / "two.yaml"
+    space.write_text(SMALL_SPACE)  # two architectures in all: 5 trials must repeat some
+    trained = []
+    train = Objective._train
+
+    def counting(self, trial, model):
+        trained.append(trial.number)
+        return train(self, trial, model)
+
+    monkeypatch.setattr(Objective, "_train", counting)
+    s = settings(tmp_path, space=str(space), target="torch-cpu", trials=5, max_params=10**9)
+    study = run_search(s, progress=False)
+    trials = study.get_trials()
+    assert [t.state.name for t in trials] == ["COMPLETE"] * 5
+    configs = {json.dumps(t.user_attrs["model_config"], sort_keys=True) for t in trials}
+    assert len(configs) == 2 and len(trained) == 2  # each architecture trained once
+    for t in trials:
+        twin = t.user_attrs.get("duplicate_of")
+        if twin is None:
+            assert t.number in trained
+            continue
+        first = trials[twin]
+        assert first.user_attrs.get("duplicate_of") is None and first.user_attrs["model_config"] == t.user_attrs[
+            "model_config"]  # fmt: skip
+        assert t.values == first.values and t.user_attrs["train_steps"] == 0 and t.user_attrs["latency_cached"]
+        assert t.system_attrs.get("constraints") == first.system_attrs.get("constraints")  # the sampler sees them
+    assert all(t.user_attrs.get("duplicate_of") is None for t in pareto_front(study))
+
+
+def test_a_study_reads_well_in_optuna_dashboard(tmp_path):
+    """optuna-dashboard shows the objectives by name, and each trial's constraints and user attributes."""
+    import io
+    from wsgiref.util import setup_testing_defaults
+
+    dashboard = pytest.importorskip("optuna_dashboard")
+    s = settings(tmp_path, target="torch-cpu", trials=2, max_params=10**9)
+    run_search(s, progress=False)
+    app = dashboard.wsgi(s.storage)
+
+    def get(path: str):
+        environ: dict = {"PATH_INFO": path, "REQUEST_METHOD": "GET", "wsgi.input": io.BytesIO()}
+        setup_testing_defaults(environ)
+        status = []
+        body = b"".join(app(environ, lambda st, headers, exc=None: status.append(st)))
+        assert status[0].startswith("200"), status
+        return json.loads(body)
+
+    (summary,) = [x for x in get("/api/studies")["study_summaries"] if x["study_name"] == "t"]
+    detail = get(f"/api/studies/{summary['study_id']}")
+    assert detail["objective_names"] == ["accuracy", "latency_ms"]
+    trial = detail["trials"][0]
+    keys = {a["key"] for a in trial["user_attrs"]}
+    assert {"model_config", "latency", "reference", "accuracy", "n_parameters", "constraints"} <= keys
+    shown = json.loads(next(a["value"] for a in trial["user_attrs"] if a["key"] == "constraints"))
+    assert list(shown) == ["params"] and shown["params"] <= 0  # the parameter budget, met
+    study_keys = {a["key"] for a in detail["user_attrs"]}
+    assert {"chance", "metric", "task", "space"} <= study_keys

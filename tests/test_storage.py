@@ -6,8 +6,8 @@ import optuna
 import pytest
 
 from xsearch.cli import main
+from xsearch.search.workers import fail_stale, within_total
 from xsearch.storage import JournalHeartbeatStorage, mask_url, open_storage, storage_kind
-from xsearch.workers import fail_stale, within_total
 
 
 def closed_loopback_port() -> int:

@@ -29,6 +29,8 @@ from optuna.storages._heartbeat import BaseHeartbeat  # the interface Optuna's o
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
+from xsearch.errors import UnavailableError, XSearchError
+
 RDB_SCHEMES = ("sqlite", "postgresql", "postgres", "mysql")
 JOURNAL_PREFIX = "journal:"
 HEARTBEAT_ATTR = "xsearch:heartbeat:"  # + trial id: a retried trial (a copy of the attrs) never inherits it
@@ -36,8 +38,16 @@ CONNECT_TIMEOUT_S = 10
 
 
 def mask_url(url: str) -> str:
-    """``url`` with its password replaced by ``***`` (for messages)."""
-    return re.sub(r"(://[^:/@]+:)[^@]*@", r"\1***@", url)
+    """``url`` with its password replaced by ``***`` (for messages): ``user:PASSWORD@`` and ``?password=``."""
+    url = re.sub(r"(://[^:/@]+:)[^@]*@", r"\1***@", url)
+    return re.sub(r"([?&](?:password|passwd|pwd)=)[^&#]*", r"\1***", url, flags=re.IGNORECASE)
+
+
+def _passwords(url: str) -> list[str]:
+    """The passwords written in ``url`` (in its user part or as a query parameter), to hide from messages."""
+    found = [m.group(1) for m in re.finditer(r"://[^:/@]+:([^@]*)@", url)]
+    found += [m.group(1) for m in re.finditer(r"[?&](?:password|passwd|pwd)=([^&#]*)", url, flags=re.IGNORECASE)]
+    return [p for p in found if p]
 
 
 def storage_kind(url: str) -> str:
@@ -48,11 +58,11 @@ def storage_kind(url: str) -> str:
     """
     if url.startswith(JOURNAL_PREFIX):
         if not url[len(JOURNAL_PREFIX) :].strip():
-            raise ValueError(f"storage {url!r}: give a file after 'journal:', e.g. journal:./runs/study.log")
+            raise XSearchError(f"storage {url!r}: give a file after 'journal:', e.g. journal:./runs/study.log")
         return "journal"
     scheme = url.split("://", 1)[0].split("+", 1)[0] if "://" in url else ""
     if scheme not in RDB_SCHEMES:
-        raise ValueError(
+        raise XSearchError(
             f"unknown storage {mask_url(url)!r}: use sqlite:///FILE, postgresql+psycopg://USER:PASSWORD@HOST/DB "
             "or journal:FILE"
         )
@@ -84,10 +94,10 @@ def open_storage(url: str, *, heartbeat_interval: int | None = None, grace_perio
     beat = {}
     if heartbeat_interval is not None:
         if heartbeat_interval < 1:
-            raise ValueError(f"heartbeat interval must be >= 1 s, got {heartbeat_interval}")
+            raise XSearchError(f"heartbeat interval must be >= 1 s, got {heartbeat_interval}")
         grace_period = 3 * heartbeat_interval if grace_period is None else grace_period
         if grace_period <= heartbeat_interval:
-            raise ValueError(
+            raise XSearchError(
                 f"grace period ({grace_period} s) must exceed the heartbeat interval ({heartbeat_interval} s)"
             )
         with warnings.catch_warnings():  # heartbeats are "experimental" in Optuna
@@ -108,13 +118,12 @@ def open_storage(url: str, *, heartbeat_interval: int | None = None, grace_perio
     try:
         return _rdb_storage(_rdb_url(url), engine_kwargs, beat)
     except ImportError as e:
-        raise ValueError(f"storage {mask_url(url)!r}: its database driver is not installed ({e})") from None
+        raise UnavailableError(f"storage {mask_url(url)!r}: its database driver is not installed ({e})") from None
     except Exception as e:  # sqlalchemy's OperationalError & co: one line, no SQL, no password
-        reason = str(getattr(e, "orig", None) or e).strip().splitlines()[0]
-        password = re.search(r"://[^:/@]+:([^@]*)@", url)
-        if password and password.group(1):
-            reason = reason.replace(password.group(1), "***")
-        raise ValueError(f"cannot open storage {mask_url(url)!r}: {reason}") from None
+        reason = (str(getattr(e, "orig", None) or e).strip().splitlines() or [type(e).__name__])[0]
+        for password in _passwords(url):
+            reason = reason.replace(password, "***")
+        raise XSearchError(f"cannot open storage {mask_url(url)!r}: {reason}") from None
 
 
 def _rdb_storage(url: str, engine_kwargs: dict | None, beat: dict, attempts: int = 5) -> RDBStorage:
@@ -167,3 +176,20 @@ class JournalHeartbeatStorage(JournalStorage, BaseHeartbeat):
 
     def get_heartbeat_stale_trial_callback(self):
         return self.heartbeat_stale_trial_callback
+
+
+def load_study(url: str, name: str) -> optuna.Study:
+    """Load an existing study (of any kind xsearch writes) from the storage at ``url``.
+
+    Raises:
+        XSearchError: a bad or unreachable storage, or no study of that name (naming the ones there).
+    """
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    backend = open_storage(url)
+    try:
+        return optuna.load_study(study_name=name, storage=backend)
+    except KeyError:
+        names = [s.study_name for s in optuna.get_all_study_summaries(storage=backend)]
+        raise XSearchError(
+            f"no study {name!r} in {mask_url(url)} (studies there: {', '.join(names) or 'none'})"
+        ) from None

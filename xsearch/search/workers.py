@@ -73,6 +73,7 @@ def run_until_total(
     callbacks: Sequence[Callable] = (),
     poll_s: float = 1.0,
     current_trial: Callable[[], int | None] = lambda: None,
+    after_trial: Callable[[], None] = lambda: None,
 ) -> None:
     """Run trials until the study holds ``total`` COMPLETE trials (or ``timeout`` seconds have passed).
 
@@ -87,6 +88,7 @@ def run_until_total(
         poll_s: seconds between looks at the study while waiting for trials running elsewhere.
         current_trial: returns the number of the trial this worker last started (to recognise a trial that
             another worker failed as stale while this one was still running it).
+        after_trial: called after each trial this worker runs; it may raise to stop the worker.
     """
     start = time.monotonic()
     waiting_said = False
@@ -123,3 +125,4 @@ def run_until_total(
                 raise
             # Optuna cannot record the result of a trial that is no longer RUNNING.
             log.warning("trial %d was failed by another worker (no heartbeat within the grace period)", number)
+        after_trial()

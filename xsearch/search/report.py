@@ -1,4 +1,4 @@
-"""Reading a finished study: Pareto front, CSV of trials, plots, and picking a model."""
+"""Reading a finished study: Pareto front, CSV of trials, plots (with the task's chance level), and picking a model."""
 
 from __future__ import annotations
 
@@ -10,33 +10,22 @@ from typing import Any
 
 import optuna
 
-from xsearch.search import (
+from xsearch.errors import SettingError, XSearchError
+from xsearch.search.settings import PickSettings
+from xsearch.search.study import (
     describe_trial,
     is_feasible,
     metric_is_maximized,
     pareto_front,
     reference_trial,
+    study_chance,
     trial_latency_ms,
     trial_metric,
 )
 from xsearch.serialization import atomic_write_text
-from xsearch.storage import mask_url, open_storage
 
 
-def load(storage: str, study: str) -> optuna.Study:
-    """Load an existing study (of either kind), with a clear error when it does not exist."""
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    backend = open_storage(storage)
-    try:
-        return optuna.load_study(study_name=study, storage=backend)
-    except KeyError:
-        names = [s.study_name for s in optuna.get_all_study_summaries(storage=backend)]
-        raise ValueError(
-            f"no study {study!r} in {mask_url(storage)} (studies there: {', '.join(names) or 'none'})"
-        ) from None
-
-
-def _row(t: optuna.trial.FrozenTrial, ref: optuna.trial.FrozenTrial | None) -> dict[str, Any]:
+def _row(t: optuna.trial.FrozenTrial, ref: optuna.trial.FrozenTrial | None, chance: float | None) -> dict[str, Any]:
     cfg = t.user_attrs.get("model_config") or {}
     lat = trial_latency_ms(t)
     complete = t.state == optuna.trial.TrialState.COMPLETE
@@ -54,12 +43,15 @@ def _row(t: optuna.trial.FrozenTrial, ref: optuna.trial.FrozenTrial | None) -> d
         "weight_sharing": cfg.get("weight_sharing", ""),
         "n_parameters": t.user_attrs.get("n_parameters", ""),
         "metric": trial_metric(t) if complete else "",
+        "chance": "" if chance is None else round(chance, 4),
+        "metric_vs_chance": round(trial_metric(t) - chance, 4) if complete and chance is not None else "",
         "latency_ms": lat if lat is not None else "",
         "latency_p90_ms": (t.user_attrs.get("latency") or {}).get("p90_ms", ""),
         "train_seconds": t.user_attrs.get("train_seconds", ""),
         "train_steps": t.user_attrs.get("train_steps", ""),
         "speedup_vs_reference": "",
         "metric_delta_vs_reference": "",
+        "duplicate_of": t.user_attrs.get("duplicate_of", ""),
         "pruned": t.user_attrs.get("pruned", ""),
         "error": t.user_attrs.get("error", ""),
     }
@@ -72,15 +64,20 @@ def _row(t: optuna.trial.FrozenTrial, ref: optuna.trial.FrozenTrial | None) -> d
 def write_report(study: optuna.Study, out: str | os.PathLike) -> dict[str, Any]:
     """Write ``pareto.html``, ``pareto.png``, ``trials.csv`` and ``front.json`` into ``out``.
 
+    Every row of ``trials.csv`` carries the task's chance level on the split the trials are scored on
+    (``chance``: the majority class, or a unigram model for ``lm``) and the metric's distance from it;
+    the plots draw it as a dashed line.
+
     Returns:
-        ``{"front": [...rows...], "reference": row | None, "metric": name}``.
+        ``{"front": [...rows...], "reference": row | None, "metric": name, "chance": level | None}``.
     """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     ref = reference_trial(study)
     metric = study.user_attrs.get("metric", "accuracy")
+    chance = study_chance(study)
     trials = study.get_trials(deepcopy=False)
-    rows = [_row(t, ref) for t in trials]
+    rows = [_row(t, ref, chance) for t in trials]
     tmp = out / f".trials.csv.tmp-{os.getpid()}"
     with tmp.open("w", newline="", encoding="utf-8") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["number"])
@@ -89,23 +86,28 @@ def write_report(study: optuna.Study, out: str | os.PathLike) -> dict[str, Any]:
     os.replace(tmp, out / "trials.csv")
     front = pareto_front(study)
     front_rows = [
-        {**_row(t, ref), "model_config": t.user_attrs.get("model_config"), "description": describe_trial(t)}
+        {**_row(t, ref, chance), "model_config": t.user_attrs.get("model_config"), "description": describe_trial(t)}
         for t in front
     ]
-    doc = {"study": study.study_name, "metric": metric, "reference": _row(ref, ref) if ref else None,
-           "front": front_rows}  # fmt: skip
+    doc = {"study": study.study_name, "metric": metric, "chance": chance,
+           "reference": _row(ref, ref, chance) if ref else None, "front": front_rows}  # fmt: skip
     atomic_write_text(out / "front.json", json.dumps(doc, indent=2, default=str))
     complete = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE and trial_latency_ms(t) is not None]
-    _plot_html(complete, front, ref, metric, out / "pareto.html")
-    _plot_png(complete, front, ref, metric, out / "pareto.png")
-    return {"front": front_rows, "reference": doc["reference"], "metric": metric}
+    _plot_html(complete, front, ref, metric, chance, out / "pareto.html")
+    _plot_png(complete, front, ref, metric, chance, out / "pareto.png")
+    return {"front": front_rows, "reference": doc["reference"], "metric": metric, "chance": chance}
+
+
+def chance_label(metric: str, chance: float) -> str:
+    kind = "unigram model" if metric == "bits_per_byte" else "majority class"
+    return f"chance ({kind}) {chance:.3f}"
 
 
 def _points(trials):
     return [trial_latency_ms(t) for t in trials], [trial_metric(t) for t in trials]
 
 
-def _plot_html(complete, front, ref, metric, path: Path) -> None:
+def _plot_html(complete, front, ref, metric, chance, path: Path) -> None:
     import plotly.graph_objects as go
 
     feas = [t for t in complete if is_feasible(t)]
@@ -128,14 +130,16 @@ def _plot_html(complete, front, ref, metric, path: Path) -> None:
         star = dict(color="black", size=16, symbol="star")
         fig.add_trace(go.Scatter(x=[trial_latency_ms(ref)], y=[trial_metric(ref)], mode="markers",
                                  name="reference (full)", marker=star))  # fmt: skip
-    fig.update_layout(title="xsearch: accuracy against measured latency", xaxis_title="latency (ms, median)",
+    if chance is not None:
+        fig.add_hline(y=chance, line_dash="dash", line_color="#999", annotation_text=chance_label(metric, chance))
+    fig.update_layout(title=f"xsearch: {metric} against measured latency", xaxis_title="latency (ms, median)",
                       yaxis_title=metric, xaxis_type="log", template="plotly_white")  # fmt: skip
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     fig.write_html(str(tmp), include_plotlyjs=True, full_html=True)
     os.replace(tmp, path)
 
 
-def _plot_png(complete, front, ref, metric, path: Path) -> None:
+def _plot_png(complete, front, ref, metric, chance, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -158,10 +162,12 @@ def _plot_png(complete, front, ref, metric, path: Path) -> None:
     if ref is not None:
         ax.scatter([trial_latency_ms(ref)], [trial_metric(ref)], c="black", marker="*", s=180, label="reference (full)",
                    zorder=5)  # fmt: skip
+    if chance is not None:
+        ax.axhline(chance, color="#999", linestyle="--", linewidth=1, label=chance_label(metric, chance), zorder=1)
     ax.set_xscale("log")
     ax.set_xlabel("latency (ms, median)")
     ax.set_ylabel(metric)
-    ax.set_title("xsearch: accuracy against measured latency")
+    ax.set_title(f"xsearch: {metric} against measured latency")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -171,16 +177,42 @@ def _plot_png(complete, front, ref, metric, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def pick(study: optuna.Study, max_latency_ms: float | None = None) -> optuna.trial.FrozenTrial:
-    """The best (by the task metric) feasible COMPLETE trial with latency within the budget (either kind of study)."""
+def pick_budget(study: optuna.Study, settings: PickSettings | None = None) -> float | None:
+    """The latency budget ``settings`` set on ``study``: the tighter of ``max_latency_ms`` and the reference's
+    latency over ``min_speedup`` (None: no limit)."""
+    settings = settings or PickSettings()
+    budgets = [settings.max_latency_ms]
+    if settings.min_speedup is not None:
+        ref = reference_trial(study)
+        if ref is None:
+            raise SettingError("min_speedup", f"{{0}} needs the study's reference trial, and {study.study_name!r} "
+                               "has no completed one")  # fmt: skip
+        budgets.append(trial_latency_ms(ref) / settings.min_speedup)
+    return min((b for b in budgets if b is not None), default=None)
+
+
+def pick(study: optuna.Study, settings: PickSettings | float | None = None) -> optuna.trial.FrozenTrial:
+    """The best (by the task metric) feasible COMPLETE trial within the budget (either kind of study).
+
+    Args:
+        settings: ``PickSettings`` (or a latency budget in ms, or None: no budget).
+
+    Raises:
+        XSearchError: no such trial, naming the budget and the fastest feasible trial's latency.
+    """
+    if not isinstance(settings, PickSettings):
+        settings = PickSettings(max_latency_ms=settings)
+    budget = pick_budget(study, settings)
     maximize = metric_is_maximized(study)
-    cands = [
+    feasible = [
         t
         for t in study.get_trials(deepcopy=False)
         if t.state == optuna.trial.TrialState.COMPLETE and is_feasible(t) and trial_latency_ms(t) is not None
-        and (max_latency_ms is None or trial_latency_ms(t) <= max_latency_ms)
-    ]  # fmt: skip
+    ]
+    cands = [t for t in feasible if budget is None or trial_latency_ms(t) <= budget]
     if not cands:
-        budget = f" under {max_latency_ms} ms" if max_latency_ms is not None else ""
-        raise ValueError(f"no feasible completed trial{budget} in study {study.study_name!r}")
+        within = f" within {budget:.2f} ms" if budget is not None else ""
+        fastest = min(feasible, key=trial_latency_ms, default=None)
+        best = f"; the fastest feasible trial takes {trial_latency_ms(fastest):.2f} ms" if fastest else ""
+        raise XSearchError(f"no feasible completed trial{within} in study {study.study_name!r}{best}")
     return sorted(cands, key=lambda t: ((-1 if maximize else 1) * trial_metric(t), trial_latency_ms(t)))[0]

@@ -31,7 +31,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from xsearch.latency import LatencyStats, _timed_runs, device_fingerprint, summarize
+from xsearch.errors import XSearchError
+from xsearch.latency.stats import LatencyStats, summarize
+from xsearch.latency.target import Target, get_target
+from xsearch.latency.timing import check_sizes, timed_runs
 
 _POLISH_ITERATIONS = 10
 
@@ -85,7 +88,7 @@ def round_robin(runs: dict[str, Any], *, warmup: int, per_round: int, rounds: in
         order = list(runs)
         random.Random(seed * 100_003 + r).shuffle(order)
         for name in order:
-            samples[name].append(_timed_runs(runs[name], warmup, per_round, 0.0)[0])
+            samples[name].append(timed_runs(runs[name], warmup, per_round, 0.0)[0])
     return samples
 
 
@@ -112,49 +115,42 @@ def time_in_rounds(
         ValueError: no models, an unknown target, bad counts or sizes (naming the value).
         RuntimeError: a CUDA target without CUDA, or the timing process failed (with its error).
     """
-    from xsearch.latency import TARGETS, require_cuda
-
     if not models:
-        raise ValueError("time_in_rounds needs at least one model")
-    if target not in TARGETS:
-        raise ValueError(f"unknown target {target!r}; valid: {', '.join(TARGETS)}")
-    for what, value, low in (("rounds", rounds, 1), ("per_round", per_round, 1), ("warmup", warmup, 0),
-                             ("seq_len", seq_len, 1), ("batch", batch, 1)):  # fmt: skip
-        if value < low:
-            raise ValueError(f"{what} must be >= {low}, got {value}")
-    require_cuda(target)
+        raise XSearchError("time_in_rounds needs at least one model")
+    t = get_target(target)
+    check_sizes(rounds=rounds, per_round=per_round, warmup=warmup, seq_len=seq_len, batch=batch)
+    t.require()
     plan = {"warmup": warmup, "per_round": per_round, "rounds": rounds, "seed": seed}
-    if target.startswith("ort"):
-        with tempfile.TemporaryDirectory() as tmp:
-            paths = {name: str(_onnx_path(m, Path(tmp) / f"{i}.onnx")) for i, (name, m) in enumerate(models.items())}
-            spec = {"paths": paths, "target": target, "batch": batch, "seq_len": seq_len, "threads": threads, **plan}
-            samples = _time_onnx_in_child(spec)
-    else:
-        from xsearch.latency import _torch_runner
-
-        with contextlib.ExitStack() as stack:
-            runs = {name: stack.enter_context(_torch_runner(model, target, batch, seq_len, threads))
-                    for name, model in models.items()}  # fmt: skip
-            samples = round_robin(runs, **plan)
+    with tempfile.TemporaryDirectory() as tmp:
+        prepared = {name: _prepared(t, m, Path(tmp) / f"{i}.onnx") for i, (name, m) in enumerate(models.items())}
+        if t.times_in_child:
+            spec = {"paths": {n: str(p) for n, p in prepared.items()}, "target": t.name, "batch": batch,
+                    "seq_len": seq_len, "threads": threads, **plan}  # fmt: skip
+            samples = _time_in_child(spec)
+        else:
+            with contextlib.ExitStack() as stack:
+                runs = {name: stack.enter_context(t.runner(m, batch=batch, seq_len=seq_len, threads=threads))
+                        for name, m in prepared.items()}  # fmt: skip
+                samples = round_robin(runs, **plan)
     normalized, speed = median_polish(samples)
-    device = device_fingerprint(target, threads)
-    return RoundTimings({n: summarize(normalized[n], target, device) for n in models}, speed)
+    device = t.fingerprint(threads)
+    return RoundTimings({n: summarize(normalized[n], t.name, device) for n in models}, speed)
 
 
-def _onnx_path(model_or_path, path: Path) -> Path:
+def _prepared(target: Target, model_or_path, path: Path):
+    """What ``target`` times for one model: an ONNX file given as a path is checked, a torch model prepared."""
     if isinstance(model_or_path, (str, os.PathLike)):
+        if not target.runs_exported:
+            raise XSearchError(f"target {target.name!r} measures torch models; got a path ({model_or_path})")
         if not Path(model_or_path).is_file():
-            raise ValueError(f"no ONNX file at {model_or_path}")
+            raise XSearchError(f"no ONNX file at {model_or_path}")
         return Path(model_or_path)
-    from xsearch.export.onnx_export import to_onnx
-
-    to_onnx(model_or_path, path, check=False)
-    return path
+    return target.prepare(model_or_path, path)
 
 
-def _time_onnx_in_child(spec: dict[str, Any]) -> dict[str, list[list[float]]]:
-    """Run ``python -m xsearch.latency_rounds`` on ``spec`` (JSON on stdin) and read its timings."""
-    proc = subprocess.run([sys.executable, "-m", "xsearch.latency_rounds"], input=json.dumps(spec),
+def _time_in_child(spec: dict[str, Any]) -> dict[str, list[list[float]]]:
+    """Run ``python -m xsearch.latency.rounds`` on ``spec`` (JSON on stdin) and read its timings."""
+    proc = subprocess.run([sys.executable, "-m", "xsearch.latency.rounds"], input=json.dumps(spec),
                           capture_output=True, text=True)  # fmt: skip
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
@@ -166,15 +162,14 @@ def _child_main() -> None:
     """The child: one shared onnxruntime thread pool, every model's session open, timed in rounds."""
     import onnxruntime.capi._pybind_state as ort_state
 
-    from xsearch.latency import _ort_runner
-
     spec = json.load(sys.stdin)
+    target = get_target(spec["target"])
     # Before any session exists: the process-wide pool every session below runs on (0: onnxruntime's default).
     ort_state.set_global_thread_pool_sizes(spec["threads"] or 0, 1)
     with contextlib.ExitStack() as stack:
         runs = {
             name: stack.enter_context(
-                _ort_runner(Path(path), spec["target"], spec["batch"], spec["seq_len"], None, shared_pool=True)
+                target.runner(Path(path), batch=spec["batch"], seq_len=spec["seq_len"], threads=None, shared_pool=True)
             )
             for name, path in spec["paths"].items()
         }

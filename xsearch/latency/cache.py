@@ -13,14 +13,12 @@ import os
 from pathlib import Path
 from typing import Any
 
-from xsearch.latency import LatencyStats
+from xsearch.latency.stats import LatencyStats
+from xsearch.paths import cache_dir
 
 
 def default_cache_path() -> Path:
-    base = os.environ.get("XSEARCH_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "xsearch"
-    )
-    return Path(base) / "latency.jsonl"
+    return cache_dir() / "latency.jsonl"
 
 
 def cache_key(config: dict[str, Any], target: str, batch: int, seq_len: int, device: dict[str, Any]) -> str:

@@ -1,0 +1,109 @@
+"""``SearchSettings``: every option of a search, defined once (the CLI's flags and the pipeline's
+``search:`` section are built from these fields)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from xsearch.errors import SettingError
+from xsearch.latency.target import list_targets
+from xsearch.settings import Settings, option
+
+SAMPLERS = ("tpe", "nsga2", "random")
+OBJECTIVES = ("both", "accuracy")
+PRUNERS = ("hyperband", "median", "none")
+DEFAULT_STORAGE = "sqlite:///runs/xsearch.db"
+DEFAULT_TRAIN_STEPS = 200  # per trial, when neither train_steps nor train_seconds is given
+REPORTS_PER_TRIAL = 8  # validation points per trial when a pruner watches training (steps budget)
+
+
+@dataclass
+class StudySettings(Settings):
+    """What a study measures and where it lives: shared by the search and the latency sweep."""
+
+    task: str = option("listops", "the task (xsearch.tasks.list_tasks())", cli=False)
+    task_options: dict[str, Any] = option(factory=dict, help="the task's options", cli=False)
+    space: str = option("default", "a shipped space (`xsearch spaces`) or a .yaml path")
+    target: str = option("ort-cpu", "where latency is measured", choices=list_targets)
+    storage: str = option(
+        DEFAULT_STORAGE, "sqlite:///FILE, postgresql+psycopg://USER:PASSWORD@HOST/DB, or journal:FILE", metavar="URL"
+    )
+    study: str = option("xsearch", "study name (re-running resumes it; workers share it)")
+    seq_len: int | None = option(None, "length at which latency is measured (default: the task's max_len)", gt=0)
+    batch: int = option(1, "batch size at which latency is measured", ge=1)
+    threads: int | None = option(2, "threads for latency measurement", gt=0)
+    seed: int = option(0, "seeds the sampler (and each trial's training)")
+    latency_cache: str | None = option("default", "latency cache file ('default': ~/.cache/xsearch)", cli=False)
+
+
+@dataclass
+class SearchSettings(StudySettings):
+    """Everything a search needs."""
+
+    #: Options of which at most one may be given; giving one drops the others' defaults.
+    ALTERNATIVES: ClassVar[tuple[tuple[str, ...], ...]] = (("train_steps", "train_seconds"),)
+
+    trials: int = option(20, "COMPLETE trials the study ends with (all workers together)", ge=0)
+    timeout: float | None = option(None, "stop starting trials after this many seconds", gt=0)
+    objective: str = option(
+        "both", "both: accuracy and latency (a Pareto front); accuracy: under max_latency_ms, with pruning",
+        choices=OBJECTIVES,
+    )  # fmt: skip
+    pruner: str | None = option(
+        None, "stops weak trials early (objective accuracy; default hyperband)", choices=PRUNERS
+    )
+    max_latency_ms: float | None = option(
+        None, "latency budget (a constraint; with objective accuracy, over-budget trials are pruned)", gt=0
+    )
+    max_params: int | None = option(None, "parameter budget (like max_latency_ms)", gt=0)
+    latency_predictor: str | None = option(
+        None, "a predictor JSON (xsearch latency fit): candidates predicted over max_latency_ms are never trained"
+    )
+    latency_repeats: int = option(10, "timed runs per candidate", ge=1)
+    train_steps: int | None = option(
+        None, f"training steps per trial (default {DEFAULT_TRAIN_STEPS} without train_seconds)", gt=0
+    )
+    train_seconds: float | None = option(None, "training seconds per trial, instead of train_steps", gt=0)
+    batch_size: int = option(32, "examples per training step", ge=1)
+    lr: float = option(1e-3, "peak learning rate of each trial's training", gt=0)
+    sampler: str = option("tpe", "the Optuna sampler", choices=SAMPLERS)
+    heartbeat_interval: int = option(10, "seconds between a running trial's heartbeats", ge=1)
+    grace_period: int | None = option(
+        None, "seconds without a heartbeat before a trial is failed and retried (default 3 intervals)", gt=0
+    )
+    max_failures: int = option(3, "trials in a row failing for the same reason after which the search stops", ge=1)
+
+    def rules(self) -> None:
+        if self.pruner is None:
+            self.pruner = "hyperband" if self.objective == "accuracy" else "none"
+        if self.objective == "accuracy" and self.max_latency_ms is None:
+            raise SettingError(("objective", "max_latency_ms"),
+                               "{0} 'accuracy' searches under a latency budget: give {1}")  # fmt: skip
+        if self.objective == "both" and self.pruner != "none":
+            raise SettingError(("pruner", "objective"),
+                               f"{{0}} {self.pruner!r} needs {{1}} 'accuracy' (Optuna prunes single-objective "
+                               "studies only)")  # fmt: skip
+        if self.train_steps is not None and self.train_seconds is not None:
+            raise SettingError(("train_steps", "train_seconds"), "give {0} or {1}, not both")
+        if self.train_steps is None and self.train_seconds is None:
+            self.train_steps = DEFAULT_TRAIN_STEPS
+        if self.pruner == "median" and self.train_steps is None:
+            raise SettingError(
+                ("pruner", "train_steps"), "{0} 'median' compares trials at equal training steps: give {1}"
+            )
+        if self.grace_period is not None and self.grace_period <= self.heartbeat_interval:
+            raise SettingError(
+                ("grace_period", "heartbeat_interval"),
+                f"{{0}} ({self.grace_period} s) must exceed {{1}} ({self.heartbeat_interval} s)",
+            )
+
+
+@dataclass
+class PickSettings(Settings):
+    """Which trial ``pick`` takes: the most accurate feasible one within both budgets."""
+
+    max_latency_ms: float | None = option(None, "latency budget in ms (null: no limit)", gt=0)
+    min_speedup: float | None = option(
+        None, "at least this many times faster than the reference Transformer of the study (e.g. 3)", gt=0
+    )
