@@ -6,17 +6,17 @@ Each step is one function taking and returning a model; the steps compose
 
 from __future__ import annotations
 
-from xsearch._lazy import lazy_names
+from xsearch._lazy import by_module, lazy_names
 
-_LAZY = {
-    "prune": "xsearch.compress.prune",
-    "head_importance": "xsearch.compress.prune",
-    "distill": "xsearch.compress.distill",
-    "add_adapters": "xsearch.compress.adapters",
-    "save_adapters": "xsearch.compress.adapters",
-    "load_adapters": "xsearch.compress.adapters",
-    "merge_adapters": "xsearch.compress.adapters",
-    "quantize": "xsearch.compress.quantize",
-}
+_LAZY = by_module(
+    {
+        "xsearch.compress.prune": "prune head_importance",
+        "xsearch.compress.distill": "distill",
+        "xsearch.compress.adapters": "add_adapters save_adapters load_adapters merge_adapters",
+        "xsearch.compress.quantize": "quantize",
+        "xsearch.compress.recipe": "compress_model CompressResult",
+        "xsearch.compress.settings": "CompressSettings AdapterSettings",
+    }
+)
 __all__ = sorted(_LAZY)
 __getattr__, __dir__ = lazy_names("xsearch.compress", _LAZY)

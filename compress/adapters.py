@@ -20,7 +20,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-KINDS = ("bottleneck", "lora")
+from xsearch.compress.settings import ADAPTER_KINDS as KINDS
+from xsearch.errors import MissingPathError, XSearchError
+
 ADAPTER_FILE = "adapters.safetensors"
 ADAPTER_CONFIG = "adapters.json"
 
@@ -93,9 +95,9 @@ def _set_head(model, n_classes: int | None) -> None:
     if n_classes is None or (cfg.head == "classify" and n_classes == cfg.n_classes):
         return
     if cfg.head != "classify":
-        raise ValueError("n_classes applies to classification models only")
+        raise XSearchError("n_classes applies to classification models only")
     if n_classes < 2:
-        raise ValueError(f"n_classes must be >= 2, got {n_classes}")
+        raise XSearchError(f"n_classes must be >= 2, got {n_classes}")
     model.head = nn.Linear(cfg.d_model, n_classes).to(model.head.weight.device)
     cfg.n_classes = n_classes
 
@@ -122,11 +124,11 @@ def add_adapters(
         The model; ``model.adapter_config`` describes what was added.
     """
     if kind not in KINDS:
-        raise ValueError(f"unknown adapter kind {kind!r}; valid: {', '.join(KINDS)}")
+        raise XSearchError(f"unknown adapter kind {kind!r}; valid: {', '.join(KINDS)}")
     if size <= 0:
-        raise ValueError(f"adapter size must be > 0, got {size}")
+        raise XSearchError(f"adapter size must be > 0, got {size}")
     if getattr(model, "adapter_config", None):
-        raise ValueError("the model already has adapters (merge or reload the base model first)")
+        raise XSearchError("the model already has adapters (merge or reload the base model first)")
     for p in model.parameters():
         p.requires_grad_(False)
     _set_head(model, n_classes)
@@ -152,7 +154,7 @@ def add_adapters(
             for name in targets:
                 lin = getattr(attn, name, None)
                 if not isinstance(lin, nn.Linear):
-                    raise ValueError(f"LoRA target {name!r} is not a Linear layer of attention {attn.spec.name!r}")
+                    raise XSearchError(f"LoRA target {name!r} is not a Linear layer of attention {attn.spec.name!r}")
                 if id(lin) not in done:
                     done[id(lin)] = LoRALinear(lin, size, alpha)
                 setattr(attn, name, done[id(lin)])
@@ -182,7 +184,7 @@ def save_adapters(model, directory: str | os.PathLike, *, task: dict[str, Any] |
 
     cfg = getattr(model, "adapter_config", None)
     if not cfg:
-        raise ValueError("the model has no adapters (call add_adapters first)")
+        raise XSearchError("the model has no adapters (call add_adapters first)")
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     tmp = out / f".{ADAPTER_FILE}.tmp-{os.getpid()}"
@@ -212,17 +214,17 @@ def load_adapters(base_model, directory: str | os.PathLike):
         mine.pop(key, None)
     if saved != mine:
         diff = sorted(k for k in set(saved) | set(mine) if saved.get(k) != mine.get(k))
-        raise ValueError(f"adapters in {path} belong to another base model (differs in {', '.join(diff)})")
+        raise XSearchError(f"adapters in {path} belong to another base model (differs in {', '.join(diff)})")
     add_adapters(base_model, kind=cfg["kind"], size=cfg["size"], targets=tuple(cfg["targets"]), alpha=cfg["alpha"],
                  n_classes=cfg["n_classes"])  # fmt: skip
     weights = path / ADAPTER_FILE
     if not weights.is_file():
-        raise FileNotFoundError(f"missing file: {weights}")
+        raise MissingPathError(f"missing file: {weights}")
     tensors = safetensors.torch.load_file(str(weights))
     missing, unexpected = base_model.load_state_dict(tensors, strict=False)
     expected = set(adapter_state(base_model))
     if set(tensors) != expected:
-        raise ValueError(f"{weights} does not match the adapters described in {ADAPTER_CONFIG}")
+        raise XSearchError(f"{weights} does not match the adapters described in {ADAPTER_CONFIG}")
     if doc.get("task"):
         base_model.task_info = doc["task"]
     return base_model

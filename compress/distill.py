@@ -6,6 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from xsearch.errors import XSearchError
+
 
 def distill_loss(student_logits, teacher_logits, labels, mask, *, temperature: float, alpha: float):
     """``alpha * KL(teacher/T || student/T) * T^2 + (1 - alpha) * CE(student, labels)``."""
@@ -40,11 +42,11 @@ def distill(
     from xsearch.training import train
 
     if not 0.0 <= alpha <= 1.0:
-        raise ValueError(f"alpha must be in [0, 1], got {alpha}")
+        raise XSearchError(f"alpha must be in [0, 1], got {alpha}")
     if temperature <= 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
+        raise XSearchError(f"temperature must be > 0, got {temperature}")
     if teacher.config.head != student.config.head or teacher.head.out_features != student.head.out_features:
-        raise ValueError("teacher and student must have the same head (task and number of outputs)")
+        raise XSearchError("teacher and student must have the same head (task and number of outputs)")
     teacher.eval()
     for p in teacher.parameters():
         p.requires_grad_(False)

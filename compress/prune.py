@@ -20,7 +20,8 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-IMPORTANCE = ("magnitude", "taylor")
+from xsearch.compress.settings import IMPORTANCE
+from xsearch.errors import XSearchError
 
 
 def _unique(modules: Iterable[nn.Module]) -> list[nn.Module]:
@@ -45,7 +46,7 @@ def _grad_scores(model, task, batches: int, batch_size: int) -> None:
         n += 1
     model.train(was)
     if n == 0:
-        raise ValueError("taylor importance needs task batches, and the train split is empty")
+        raise XSearchError("taylor importance needs task batches, and the train split is empty")
 
 
 def _score(p: torch.Tensor, importance: str) -> torch.Tensor:
@@ -95,13 +96,13 @@ def prune(
         The model, with ``model.config.n_heads`` and ``model.config.ffn_dims`` updated.
     """
     if importance not in IMPORTANCE:
-        raise ValueError(f"unknown importance {importance!r}; valid: {', '.join(IMPORTANCE)}")
+        raise XSearchError(f"unknown importance {importance!r}; valid: {', '.join(IMPORTANCE)}")
     for name, frac in (("heads", heads), ("ffn", ffn)):
         if not 0.0 <= frac < 1.0:
-            raise ValueError(f"prune: {name} must be in [0, 1), got {frac}")
+            raise XSearchError(f"prune: {name} must be in [0, 1), got {frac}")
     if importance == "taylor":
         if task is None:
-            raise ValueError("prune(importance='taylor') needs task=")
+            raise XSearchError("prune(importance='taylor') needs task=")
         _grad_scores(model, task, batches, batch_size)
     cfg = model.config
     attns = _unique(block.attn for block in model.blocks)

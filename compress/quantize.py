@@ -8,6 +8,8 @@ import warnings
 import torch
 from torch import nn
 
+from xsearch.errors import XSearchError
+
 MODES = ("bf16", "fp16", "dynamic-int8")
 
 
@@ -20,7 +22,7 @@ def quantize(model, mode: str = "dynamic-int8"):
     not read their weights directly); int8 weights, activations quantized per batch, CPU only.
     """
     if mode not in MODES:
-        raise ValueError(f"unknown quantization mode {mode!r}; valid: {', '.join(MODES)}")
+        raise XSearchError(f"unknown quantization mode {mode!r}; valid: {', '.join(MODES)}")
     out = copy.deepcopy(model).eval()
     if mode in ("bf16", "fp16"):
         return out.to(torch.bfloat16 if mode == "bf16" else torch.float16)

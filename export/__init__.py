@@ -6,17 +6,15 @@ only, never torch, so a deployment host needs nothing else.
 
 from __future__ import annotations
 
-from xsearch._lazy import lazy_names
+from xsearch._lazy import by_module, lazy_names
 
-_LAZY = {
-    "to_onnx": "xsearch.export.onnx_export",
-    "ExportReport": "xsearch.export.onnx_export",
-    "ExportParityError": "xsearch.export.errors",
-    "quantize_onnx": "xsearch.export.quantize",
-    "QUANTIZE_MODES": "xsearch.export.quantize",
-    "Predictor": "xsearch.export.predictor",
-    "Prediction": "xsearch.export.predictor",
-    "read_metadata": "xsearch.export.predictor",
-}
+_LAZY = by_module(
+    {
+        "xsearch.export.onnx_export": "to_onnx ExportReport",
+        "xsearch.export.errors": "ExportParityError",
+        "xsearch.export.quantize": "quantize_onnx QUANTIZE_MODES",
+        "xsearch.export.predictor": "Predictor Prediction read_metadata",
+    }
+)
 __all__ = sorted(_LAZY)
 __getattr__, __dir__ = lazy_names("xsearch.export", _LAZY)

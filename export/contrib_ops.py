@@ -41,7 +41,7 @@ def custom_translations() -> dict[Any, Any]:
     import torch
     from onnxscript import opset18 as op
 
-    import xsearch.attention._fused  # noqa: F401  (registers torch.ops.xsearch.attention)
+    import xsearch.attention  # noqa: F401  (registers torch.ops.xsearch.attention)
 
     _declare_multi_head_attention()
     ms = onnxscript.values.Opset(domain=MS_DOMAIN, version=1)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from xsearch.errors import XSearchError
+
 KEY_VERSION = "xsearch_version"
 KEY_CONFIG = "xsearch_config"
 KEY_TASK = "xsearch_task"
@@ -24,7 +26,7 @@ def build_metadata(config: dict[str, Any], task: dict[str, Any] | None, version:
 def parse_metadata(props: dict[str, str], source: str) -> dict[str, Any]:
     """``{"version", "config", "task"}`` from metadata props; ``ValueError`` naming ``source`` if absent."""
     if KEY_CONFIG not in props:
-        raise ValueError(f"{source} carries no xsearch metadata (was it exported by xsearch?)")
+        raise XSearchError(f"{source} carries no xsearch metadata (was it exported by xsearch?)")
     try:
         return {
             "version": props.get(KEY_VERSION),
@@ -32,4 +34,4 @@ def parse_metadata(props: dict[str, str], source: str) -> dict[str, Any]:
             "task": json.loads(props.get(KEY_TASK, "null")),
         }
     except json.JSONDecodeError as e:
-        raise ValueError(f"{source}: malformed xsearch metadata ({e})") from None
+        raise XSearchError(f"{source}: malformed xsearch metadata ({e})") from None

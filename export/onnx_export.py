@@ -16,7 +16,8 @@ import numpy as np
 import onnx
 import torch
 
-from xsearch.attention._fused import standard_ops_only
+from xsearch.attention import standard_ops_only
+from xsearch.errors import XSearchError
 from xsearch.export.contrib_ops import custom_translations
 from xsearch.export.errors import ExportParityError
 from xsearch.export.metadata import INPUTS, OUTPUT, build_metadata
@@ -99,10 +100,10 @@ def to_onnx(
 
     config = getattr(model, "config", None)
     if config is None:
-        raise ValueError(f"to_onnx needs an xsearch model (with .config), got {type(model).__name__}")
+        raise XSearchError(f"to_onnx needs an xsearch model (with .config), got {type(model).__name__}")
     path = Path(path)
     if path.suffix != ".onnx":
-        raise ValueError(f"output path must end in .onnx, got {path}")
+        raise XSearchError(f"output path must end in .onnx, got {path}")
     path.parent.mkdir(parents=True, exist_ok=True)
     task = task if task is not None else getattr(model, "task_info", None)
     start = time.perf_counter()

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from xsearch.errors import MissingPathError, XSearchError
 from xsearch.export.metadata import INPUTS
 
 log = logging.getLogger("xsearch.export")
@@ -68,10 +69,10 @@ def quantize_onnx(
     from onnxruntime.quantization import QuantType, quant_pre_process, quantize_dynamic
 
     if mode not in QUANTIZE_MODES:
-        raise ValueError(f"unknown quantization mode {mode!r}; valid: {', '.join(QUANTIZE_MODES)}")
+        raise XSearchError(f"unknown quantization mode {mode!r}; valid: {', '.join(QUANTIZE_MODES)}")
     src, dst = Path(src), Path(dst)
     if not src.is_file():
-        raise FileNotFoundError(f"no such ONNX file: {src}")
+        raise MissingPathError(f"no such ONNX file: {src}")
     original = onnx.load(str(src))
     tmp = dst.with_name(f".{dst.name}.tmp-{os.getpid()}")
     dst.parent.mkdir(parents=True, exist_ok=True)
@@ -103,7 +104,7 @@ def quantize_onnx(
                     from onnxruntime.quantization import QuantFormat, quantize_static
 
                     if calibration is None:
-                        raise ValueError("static-int8 needs calibration batches (calibration=[(ids, mask), ...])")
+                        raise XSearchError("static-int8 needs calibration batches (calibration=[(ids, mask), ...])")
                     quantize_static(
                         str(pre),
                         str(tmp),

@@ -9,6 +9,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
+from xsearch.errors import XSearchError as XSearchError
+
 __version__ = "0.1.0"
 
 _LAZY = {
@@ -17,6 +19,7 @@ _LAZY = {
     "build_attention": "xsearch.attention",
     "AttentionSpec": "xsearch.attention",
     "ModelConfig": "xsearch.config",
+    "describe_config": "xsearch.config",
     "build_model": "xsearch.model",
     "count_parameters": "xsearch.model",
     "save_model": "xsearch.serialization",
@@ -26,10 +29,12 @@ _LAZY = {
     "evaluate": "xsearch.training",
     "TrainingDiverged": "xsearch.training",
     "TrainResult": "xsearch.training",
+    "TrainSettings": "xsearch.training",
+    "train_model": "xsearch.training",
 }
-_SUBMODULES = ("tasks", "attention", "compress", "export", "search_spaces")
+_SUBMODULES = ("tasks", "attention", "compress", "export", "search_spaces", "latency", "search", "pipeline")
 
-__all__ = sorted([*_LAZY, *_SUBMODULES, "__version__"])
+__all__ = sorted([*_LAZY, *_SUBMODULES, "XSearchError", "__version__"])
 
 
 def __getattr__(name: str):
@@ -48,7 +53,14 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # pragma: no cover
     from xsearch.attention import AttentionSpec, attention_spec, build_attention, list_attentions  # noqa: F401
-    from xsearch.config import ModelConfig  # noqa: F401
+    from xsearch.config import ModelConfig, describe_config  # noqa: F401
     from xsearch.model import build_model, count_parameters  # noqa: F401
     from xsearch.serialization import load_config, load_model, save_model  # noqa: F401
-    from xsearch.training import TrainingDiverged, TrainResult, evaluate, train  # noqa: F401
+    from xsearch.training import (  # noqa: F401
+        TrainingDiverged,
+        TrainResult,
+        TrainSettings,
+        evaluate,
+        train,
+        train_model,
+    )

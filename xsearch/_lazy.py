@@ -21,3 +21,9 @@ def lazy_names(package: str, names: dict[str, str]) -> tuple[Callable[[str], obj
         return sorted(names)
 
     return __getattr__, __dir__
+
+
+def by_module(modules: dict[str, str]) -> dict[str, str]:
+    """``{"pkg.mod": "name other"}`` -> ``{"name": "pkg.mod", "other": "pkg.mod"}``: a package's lazy names,
+    listed by the module that defines them."""
+    return {name: module for module, names in modules.items() for name in names.split()}

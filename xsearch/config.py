@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 from typing import Any
+
+from xsearch.errors import XSearchError
+from xsearch.settings import option
 
 HEADS = ("classify", "lm")
 WEIGHT_SHARING = ("none", "all", "attention", "ffn")
@@ -13,12 +16,12 @@ POS_ENCODINGS = ("sinusoidal", "learned")
 
 def _positive_int(name: str, value: Any) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ValueError(f"ModelConfig.{name} must be a positive int, got {value!r}")
+        raise XSearchError(f"ModelConfig.{name} must be a positive int, got {value!r}")
 
 
 def _choice(name: str, value: Any, options: tuple[str, ...]) -> None:
     if value not in options:
-        raise ValueError(f"ModelConfig.{name} must be one of {list(options)}, got {value!r}")
+        raise XSearchError(f"ModelConfig.{name} must be one of {list(options)}, got {value!r}")
 
 
 @dataclass
@@ -47,19 +50,19 @@ class ModelConfig:
 
     vocab_size: int
     max_len: int
-    d_model: int = 128
-    n_layers: int = 2
-    n_heads: int = 4
-    head_dim: int | None = None
-    d_ff: int | None = None
-    attention: str = "full"
-    attention_params: dict[str, Any] = field(default_factory=dict)
+    d_model: int = option(128, "width of the residual stream")
+    n_layers: int = option(2, "Transformer blocks")
+    n_heads: int = option(4, "attention heads per block")
+    head_dim: int | None = option(None, "width of each head (default: d_model / heads)")
+    d_ff: int | None = option(None, "hidden width of the feed-forward layers (default: 4 x d_model)")
+    attention: str = option("full", "attention variant (see `xsearch list`)")
+    attention_params: dict[str, Any] = option(factory=dict, help="the variant's parameters (defaults filled in)")
     causal: bool = False
     head: str = "classify"
     n_classes: int = 2
-    weight_sharing: str = "none"
-    dropout: float = 0.0
-    pos_encoding: str = "sinusoidal"
+    weight_sharing: str = option("none", "weights shared across layers", choices=WEIGHT_SHARING)
+    dropout: float = option(0.0, "dropout rate")
+    pos_encoding: str = option("sinusoidal", "position encoding", choices=POS_ENCODINGS)
     ffn_dims: list[int] | None = None
 
     def __post_init__(self) -> None:
@@ -67,7 +70,7 @@ class ModelConfig:
             _positive_int(name, getattr(self, name))
         if self.head_dim is None:
             if self.d_model % self.n_heads:
-                raise ValueError(
+                raise XSearchError(
                     f"ModelConfig: d_model={self.d_model} is not divisible by n_heads={self.n_heads}; set head_dim"
                 )
             self.head_dim = self.d_model // self.n_heads
@@ -79,20 +82,20 @@ class ModelConfig:
         _choice("weight_sharing", self.weight_sharing, WEIGHT_SHARING)
         _choice("pos_encoding", self.pos_encoding, POS_ENCODINGS)
         if not isinstance(self.causal, bool):
-            raise ValueError(f"ModelConfig.causal must be a bool, got {self.causal!r}")
+            raise XSearchError(f"ModelConfig.causal must be a bool, got {self.causal!r}")
         if not isinstance(self.dropout, (int, float)) or not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"ModelConfig.dropout must be in [0, 1), got {self.dropout!r}")
+            raise XSearchError(f"ModelConfig.dropout must be in [0, 1), got {self.dropout!r}")
         if self.head == "classify":
             _positive_int("n_classes", self.n_classes)
             if self.n_classes < 2:
-                raise ValueError(f"ModelConfig.n_classes must be >= 2, got {self.n_classes}")
+                raise XSearchError(f"ModelConfig.n_classes must be >= 2, got {self.n_classes}")
         if self.head == "lm" and not self.causal:
-            raise ValueError("ModelConfig: head='lm' needs causal=True (a language model must not see the future)")
+            raise XSearchError("ModelConfig: head='lm' needs causal=True (a language model must not see the future)")
         if not isinstance(self.attention_params, dict):
-            raise ValueError(f"ModelConfig.attention_params must be a dict, got {self.attention_params!r}")
+            raise XSearchError(f"ModelConfig.attention_params must be a dict, got {self.attention_params!r}")
         if self.ffn_dims is not None:
             if len(self.ffn_dims) != self.n_layers:
-                raise ValueError(f"ModelConfig.ffn_dims has {len(self.ffn_dims)} entries for {self.n_layers} layers")
+                raise XSearchError(f"ModelConfig.ffn_dims has {len(self.ffn_dims)} entries for {self.n_layers} layers")
             for d in self.ffn_dims:
                 _positive_int("ffn_dims[i]", d)
         # Name, parameters and causality are checked against the registry (imports torch).
@@ -100,10 +103,11 @@ class ModelConfig:
 
         spec = attention_spec(self.attention)
         self.attention_params = spec.resolve_params(self.attention_params)
+        spec.check_limits(self.attention_params, self.max_len)
         if self.causal and not spec.causal:
             from xsearch.attention import list_attentions
 
-            raise ValueError(
+            raise XSearchError(
                 f"ModelConfig: attention {self.attention!r} cannot be causal "
                 f"(decoder-capable: {', '.join(list_attentions(causal=True))})"
             )
@@ -116,11 +120,11 @@ class ModelConfig:
     def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
         """Rebuild from ``to_dict()`` output; unknown keys are an error naming them."""
         if not isinstance(data, dict):
-            raise ValueError(f"ModelConfig.from_dict needs a dict, got {type(data).__name__}")
+            raise XSearchError(f"ModelConfig.from_dict needs a dict, got {type(data).__name__}")
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
-            raise ValueError(f"ModelConfig: unknown field {unknown[0]!r} (valid: {', '.join(sorted(known))})")
+            raise XSearchError(f"ModelConfig: unknown field {unknown[0]!r} (valid: {', '.join(sorted(known))})")
         return cls(**data)
 
     def to_json(self) -> str:
@@ -131,5 +135,17 @@ class ModelConfig:
         try:
             data = json.loads(text)
         except json.JSONDecodeError as e:
-            raise ValueError(f"ModelConfig: malformed JSON ({e})") from None
+            raise XSearchError(f"ModelConfig: malformed JSON ({e})") from None
         return cls.from_dict(data)
+
+
+def describe_config(cfg: ModelConfig | dict[str, Any]) -> str:
+    """One line for a model config (or its dict): ``local(block_size=64) d128 L2 H4 ff256``."""
+    if isinstance(cfg, ModelConfig):
+        cfg = cfg.to_dict()
+    params = ",".join(f"{k}={v}" for k, v in (cfg.get("attention_params") or {}).items())
+    dims = sorted(set(cfg.get("ffn_dims") or []))
+    ff = "/".join(map(str, dims)) if dims else cfg.get("d_ff")  # pruned FFN widths when the model was pruned
+    size = f"d{cfg.get('d_model')} L{cfg.get('n_layers')} H{cfg.get('n_heads')} ff{ff}"
+    share = cfg.get("weight_sharing", "none")
+    return f"{cfg.get('attention', '?')}({params}) {size}" + ("" if share == "none" else f" share={share}")

@@ -6,9 +6,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from xsearch.attention import build_attention
-from xsearch.attention._base import exporting
+from xsearch.attention import build_attention, exporting
 from xsearch.config import ModelConfig
+from xsearch.errors import XSearchError
 
 
 class FeedForward(nn.Module):
@@ -25,12 +25,12 @@ class FeedForward(nn.Module):
 
     def prune_channels(self, keep) -> None:
         """Keep only the hidden channels ``keep`` (in place)."""
-        from xsearch.attention._base import slice_linear
+        from xsearch.attention import slice_linear
 
         keep = torch.as_tensor(sorted(set(int(i) for i in keep)), dtype=torch.long)
         if len(keep) == 0 or keep[0] < 0 or keep[-1] >= self.fc1.out_features:
             last = self.fc1.out_features - 1
-            raise ValueError(f"prune_channels: channels to keep must be a non-empty subset of 0..{last}")
+            raise XSearchError(f"prune_channels: channels to keep must be a non-empty subset of 0..{last}")
         self.fc1 = slice_linear(self.fc1, out_idx=keep)
         self.fc2 = slice_linear(self.fc2, in_idx=keep)
 
@@ -140,20 +140,20 @@ class XSearchModel(nn.Module):
     def _check(self, input_ids: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor | None:
         if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
             shape = tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__
-            raise ValueError(f"input_ids must be a 2-D tensor (B, N), got {shape}")
+            raise XSearchError(f"input_ids must be a 2-D tensor (B, N), got {shape}")
         if input_ids.dtype not in (torch.int64, torch.int32):
-            raise ValueError(f"input_ids must be int64, got {input_ids.dtype}")
+            raise XSearchError(f"input_ids must be int64, got {input_ids.dtype}")
         if mask is not None and mask.shape != input_ids.shape:
-            raise ValueError(f"mask shape {tuple(mask.shape)} != input_ids shape {tuple(input_ids.shape)}")
+            raise XSearchError(f"mask shape {tuple(mask.shape)} != input_ids shape {tuple(input_ids.shape)}")
         if not exporting():
             n = input_ids.shape[1]
             if n > self.config.max_len:
-                raise ValueError(f"sequence length {n} exceeds max_len={self.config.max_len}")
+                raise XSearchError(f"sequence length {n} exceeds max_len={self.config.max_len}")
             if n == 0:
-                raise ValueError("input_ids has length 0")
+                raise XSearchError("input_ids has length 0")
             if input_ids.numel() and (input_ids.min() < 0 or input_ids.max() >= self.config.vocab_size):
                 bad = input_ids[(input_ids < 0) | (input_ids >= self.config.vocab_size)][0].item()
-                raise ValueError(f"token id {bad} outside the vocabulary [0, {self.config.vocab_size})")
+                raise XSearchError(f"token id {bad} outside the vocabulary [0, {self.config.vocab_size})")
         return None if mask is None else mask.bool()
 
 
@@ -162,7 +162,7 @@ def build_model(cfg: ModelConfig | dict) -> XSearchModel:
     if isinstance(cfg, dict):
         cfg = ModelConfig.from_dict(cfg)
     if not isinstance(cfg, ModelConfig):
-        raise ValueError(f"build_model needs a ModelConfig or dict, got {type(cfg).__name__}")
+        raise XSearchError(f"build_model needs a ModelConfig or dict, got {type(cfg).__name__}")
     return XSearchModel(cfg)
 
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +14,7 @@ import safetensors.torch
 from torch import nn
 
 from xsearch.config import ModelConfig
+from xsearch.errors import MissingPathError, XSearchError
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -25,6 +29,56 @@ def atomic_write_text(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def check_output_dir(path: Path, what: str = "output folder") -> Path:
+    """Check, before any work, that ``path`` can become an output folder: it is not a file, and it is new,
+    empty, or a folder xsearch wrote (it holds a ``config.json`` of ours), which is then replaced.
+
+    Raises:
+        XSearchError: naming ``what`` and the path.
+    """
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise XSearchError(f"{what} {path} exists and is a file, not a folder")
+    if path.is_dir() and any(path.iterdir()) and not _ours(path):
+        raise XSearchError(f"{what} {path} is a folder xsearch did not write (no xsearch config.json); "
+                           "choose a new path")  # fmt: skip
+    if not path.exists() and path.parent.exists() and not os.access(path.parent, os.W_OK):
+        raise XSearchError(f"{what} {path}: cannot write into {path.parent}")
+    return path
+
+
+def _ours(path: Path) -> bool:
+    if (path / "adapters.json").is_file():  # xsearch.compress.save_adapters
+        return True
+    try:
+        doc = json.loads((path / CONFIG_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(doc, dict) and str(doc.get("format", "")).startswith("xsearch-")
+
+
+@contextlib.contextmanager
+def staged_directory(path: str | os.PathLike) -> Iterator[Path]:
+    """A fresh folder to write an output into; on success it replaces ``path`` whole, on failure it is removed,
+    so ``path`` is never half-written and a failed command leaves nothing behind."""
+    final = check_output_dir(Path(path))
+    final.parent.mkdir(parents=True, exist_ok=True)
+    stage = final.with_name(f".{final.name}.tmp-{os.getpid()}")
+    if stage.exists():
+        shutil.rmtree(stage)
+    stage.mkdir()
+    try:
+        yield stage
+        old = final.with_name(f".{final.name}.old-{os.getpid()}")
+        if final.exists():
+            os.replace(final, old)
+        os.replace(stage, final)
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        if stage.exists():
+            shutil.rmtree(stage, ignore_errors=True)
+
+
 def save_model(model: nn.Module, directory: str | os.PathLike, *, task: dict[str, Any] | None = None) -> Path:
     """Save ``model`` (an ``XSearchModel``) to ``directory``.
 
@@ -37,7 +91,7 @@ def save_model(model: nn.Module, directory: str | os.PathLike, *, task: dict[str
     """
     config = getattr(model, "config", None)
     if not isinstance(config, ModelConfig):
-        raise ValueError(f"save_model needs an xsearch model with a ModelConfig, got {type(model).__name__}")
+        raise XSearchError(f"save_model needs an xsearch model with a ModelConfig, got {type(model).__name__}")
     from xsearch import __version__
 
     out = Path(directory)
@@ -57,21 +111,21 @@ def save_model(model: nn.Module, directory: str | os.PathLike, *, task: dict[str
 def read_json(path: Path) -> Any:
     """Parse a JSON file with errors that name it."""
     if not path.is_file():
-        raise FileNotFoundError(f"missing file: {path}")
+        raise MissingPathError(f"missing file: {path}")
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"malformed JSON in {path}: {e}") from None
+        raise XSearchError(f"malformed JSON in {path}: {e}") from None
 
 
 def load_config(directory: str | os.PathLike) -> ModelConfig:
     """The ``ModelConfig`` stored in a saved model folder."""
     path = Path(directory)
     if not path.is_dir():
-        raise FileNotFoundError(f"no saved model at {path} (not a directory)")
+        raise MissingPathError(f"no saved model at {path} (not a directory)")
     doc = read_json(path / CONFIG_FILE)
     if not isinstance(doc, dict) or doc.get("format") != FORMAT or "model" not in doc:
-        raise ValueError(f"{path / CONFIG_FILE} is not an xsearch model config (format {FORMAT!r})")
+        raise XSearchError(f"{path / CONFIG_FILE} is not an xsearch model config (format {FORMAT!r})")
     return ModelConfig.from_dict(doc["model"])
 
 
@@ -83,13 +137,13 @@ def load_model(directory: str | os.PathLike) -> nn.Module:
     model = build_model(load_config(path))
     weights = path / WEIGHTS_FILE
     if not weights.is_file():
-        raise FileNotFoundError(f"missing file: {weights}")
+        raise MissingPathError(f"missing file: {weights}")
     try:
         missing, unexpected = safetensors.torch.load_model(model, str(weights), strict=False)
     except Exception as e:  # safetensors raises several types for a corrupt header
-        raise ValueError(f"cannot read weights {weights}: {e}") from None
+        raise XSearchError(f"cannot read weights {weights}: {e}") from None
     if missing or unexpected:
-        raise ValueError(
+        raise XSearchError(
             f"weights in {weights} do not match config.json (missing {sorted(missing)[:3]}, "
             f"unexpected {sorted(unexpected)[:3]})"
         )

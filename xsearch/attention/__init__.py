@@ -1,6 +1,15 @@
 """The attention zoo: one file per efficient-attention variant, registered by name."""
 
-from xsearch.attention._base import FAMILIES, Attention, AttentionSpec
+from xsearch.attention._base import (
+    COUNT_LIMITS,
+    FAMILIES,
+    LENGTH_PARAMS,
+    Attention,
+    AttentionSpec,
+    exporting,
+    slice_linear,
+)
+from xsearch.attention._fused import standard_ops_only
 from xsearch.attention._registry import (
     attention_class,
     attention_spec,
@@ -10,6 +19,8 @@ from xsearch.attention._registry import (
 )
 
 __all__ = [
+    "COUNT_LIMITS",
+    "LENGTH_PARAMS",
     "FAMILIES",
     "Attention",
     "AttentionSpec",
@@ -17,5 +28,8 @@ __all__ = [
     "attention_spec",
     "build_attention",
     "list_attentions",
+    "exporting",
     "register",
+    "slice_linear",
+    "standard_ops_only",
 ]

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from xsearch.attention._fused import fused_attention, fused_attention_applies
+from xsearch.errors import XSearchError
 
 FAMILIES = {
     "FP": "Fixed Patterns",
@@ -25,6 +26,16 @@ FAMILIES = {
     "KR": "Kernels",
     "RC": "Recurrence",
 }
+
+
+#: Parameters measured in tokens (a block, a window, a segment, a memory, ...): at most the longest
+#: sequence, or the default where that is longer (a 512-token window on 256 tokens is harmless; a
+#: 100,000-token block would try to allocate terabytes). Search spaces drop longer choices on load.
+LENGTH_PARAMS = frozenset({"block_size", "window", "segment_len", "bucket_size", "width", "stride", "radius",
+                           "mem_len", "cmem_len", "n_global", "n_clusters", "block_h", "block_w", "memory",
+                           "dilation"})  # fmt: skip
+#: Counts whose cost grows with them long past any use: their largest values.
+COUNT_LIMITS = {"n_hashes": 64, "n_iters": 50}
 
 
 @dataclass(frozen=True)
@@ -55,7 +66,7 @@ class AttentionSpec:
     def __post_init__(self) -> None:
         bad = [f for f in self.family if f not in FAMILIES]
         if bad:
-            raise ValueError(f"attention {self.name!r}: unknown family code(s) {bad}; valid: {list(FAMILIES)}")
+            raise XSearchError(f"attention {self.name!r}: unknown family code(s) {bad}; valid: {list(FAMILIES)}")
         self.resolve_params(self.small_params)
 
     def resolve_params(self, params: dict[str, Any]) -> dict[str, Any]:
@@ -67,11 +78,27 @@ class AttentionSpec:
         unknown = sorted(set(params) - set(self.params))
         if unknown:
             valid = ", ".join(sorted(self.params)) or "none"
-            raise ValueError(f"attention {self.name!r} has no parameter {unknown[0]!r} (valid: {valid})")
+            raise XSearchError(f"attention {self.name!r} has no parameter {unknown[0]!r} (valid: {valid})")
         out = dict(self.params)
         for key, value in params.items():
             out[key] = _coerce(self.name, key, value, self.params[key])
         return out
+
+    def check_limits(self, params: dict[str, Any], max_len: int | None) -> None:
+        """Raise ``XSearchError`` naming a parameter beyond its limit (``LENGTH_PARAMS``, ``COUNT_LIMITS``)."""
+        for key, value in params.items():
+            if not isinstance(value, int) or isinstance(value, bool):
+                continue
+            if key in LENGTH_PARAMS and max_len is not None:
+                limit = max(max_len, self.params.get(key, 0))
+                if value > limit:
+                    raise XSearchError(
+                        f"attention {self.name!r}: parameter {key}={value} exceeds the longest sequence "
+                        f"(max_len={max_len}); use at most {limit}"
+                    )
+            elif key in COUNT_LIMITS and value > COUNT_LIMITS[key]:
+                raise XSearchError(f"attention {self.name!r}: parameter {key}={value} is over its limit of "
+                                   f"{COUNT_LIMITS[key]}")  # fmt: skip
 
 
 def _coerce(name: str, key: str, value: Any, default: Any) -> Any:
@@ -89,7 +116,7 @@ def _coerce(name: str, key: str, value: Any, default: Any) -> Any:
     else:
         ok = isinstance(value, kind)
     if not ok:
-        raise ValueError(
+        raise XSearchError(
             f"attention {name!r}: parameter {key!r} must be {kind.__name__}, got {value!r} ({type(value).__name__})"
         )
     return value
@@ -121,28 +148,28 @@ class Attention(nn.Module):
     ) -> None:
         super().__init__()
         if not isinstance(d_model, int) or d_model <= 0:
-            raise ValueError(f"d_model must be a positive int, got {d_model!r}")
+            raise XSearchError(f"d_model must be a positive int, got {d_model!r}")
         if not isinstance(n_heads, int) or n_heads <= 0:
-            raise ValueError(f"n_heads must be a positive int, got {n_heads!r}")
+            raise XSearchError(f"n_heads must be a positive int, got {n_heads!r}")
         if head_dim is None:
             if d_model % n_heads:
-                raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}; pass head_dim")
+                raise XSearchError(f"d_model={d_model} is not divisible by n_heads={n_heads}; pass head_dim")
             head_dim = d_model // n_heads
         if not isinstance(head_dim, int) or head_dim <= 0:
-            raise ValueError(f"head_dim must be a positive int, got {head_dim!r}")
+            raise XSearchError(f"head_dim must be a positive int, got {head_dim!r}")
         if max_len is not None and (not isinstance(max_len, int) or max_len <= 0):
-            raise ValueError(f"max_len must be a positive int or None, got {max_len!r}")
+            raise XSearchError(f"max_len must be a positive int or None, got {max_len!r}")
         if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {dropout!r}")
-        if causal and not self.spec.causal:
-            decoders = ", ".join(_causal_names())
-            raise ValueError(f"attention {self.spec.name!r} cannot be causal (decoder-capable: {decoders})")
+            raise XSearchError(f"dropout must be in [0, 1), got {dropout!r}")
+        if causal and not self.spec.causal:  # (build_attention names the variants that can)
+            raise XSearchError(f"attention {self.spec.name!r} cannot be causal")
         self.d_model = d_model
         self.n_heads = n_heads
         self.head_dim = head_dim
         self.causal = bool(causal)
         self.max_len = max_len
         self.params = self.spec.resolve_params(params)
+        self.spec.check_limits(self.params, max_len)
         self.check_params(**self.params)
         inner = n_heads * head_dim
         self.q_proj = nn.Linear(d_model, inner)
@@ -174,7 +201,7 @@ class Attention(nn.Module):
         variant, then sets ``n_heads``. Tied ``k_proj``/``q_proj`` (shared QK) stay tied."""
         keep = torch.as_tensor(sorted(set(int(i) for i in keep)), dtype=torch.long)
         if len(keep) == 0 or keep[0] < 0 or keep[-1] >= self.n_heads:
-            raise ValueError(f"prune_heads: heads to keep must be a non-empty subset of 0..{self.n_heads - 1}")
+            raise XSearchError(f"prune_heads: heads to keep must be a non-empty subset of 0..{self.n_heads - 1}")
         rows = (keep[:, None] * self.head_dim + torch.arange(self.head_dim)).reshape(-1)
         tied = self.k_proj.weight is self.q_proj.weight
         self.q_proj = slice_linear(self.q_proj, out_idx=rows)
@@ -216,16 +243,16 @@ class Attention(nn.Module):
         """Validate shapes; return the mask as bool (or None when absent)."""
         if not isinstance(x, torch.Tensor) or x.dim() != 3:
             shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-            raise ValueError(f"{self.spec.name}: x must be a 3-D tensor (B, N, D), got shape {shape}")
+            raise XSearchError(f"{self.spec.name}: x must be a 3-D tensor (B, N, D), got shape {shape}")
         if x.shape[-1] != self.d_model:
-            raise ValueError(f"{self.spec.name}: x has D={x.shape[-1]} but d_model={self.d_model}")
+            raise XSearchError(f"{self.spec.name}: x has D={x.shape[-1]} but d_model={self.d_model}")
         n = x.shape[1]
         if self.max_len is not None and not exporting() and n > self.max_len:
-            raise ValueError(f"{self.spec.name}: sequence length {n} exceeds max_len={self.max_len}")
+            raise XSearchError(f"{self.spec.name}: sequence length {n} exceeds max_len={self.max_len}")
         if mask is None:
             return None
         if mask.shape != x.shape[:2]:
-            raise ValueError(f"{self.spec.name}: mask shape {tuple(mask.shape)} != (B, N) = {tuple(x.shape[:2])}")
+            raise XSearchError(f"{self.spec.name}: mask shape {tuple(mask.shape)} != (B, N) = {tuple(x.shape[:2])}")
         return mask.bool()
 
     def split_heads(self, t: torch.Tensor) -> torch.Tensor:
@@ -256,16 +283,10 @@ class Attention(nn.Module):
         )
 
 
-def _causal_names() -> list[str]:
-    from xsearch.attention._registry import list_attentions
-
-    return list_attentions(causal=True)
-
-
 def positive_int(name: str, key: str, value: int) -> None:
     """Raise ``ValueError`` unless ``value`` is a positive int."""
     if value <= 0:
-        raise ValueError(f"attention {name!r}: parameter {key!r} must be > 0, got {value!r}")
+        raise XSearchError(f"attention {name!r}: parameter {key!r} must be > 0, got {value!r}")
 
 
 def pad_to_multiple(t: torch.Tensor, multiple: int, dim: int, value: float = 0.0) -> torch.Tensor:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+from pathlib import Path
 from typing import Any
 
 from torch import nn
 
 from xsearch.attention._base import Attention, AttentionSpec
+from xsearch.errors import XSearchError
 
 _REGISTRY: dict[str, type[Attention]] = {}
 _LOADED = False
@@ -19,7 +21,7 @@ def register(spec: AttentionSpec):
 
     def wrap(cls: type[Attention]) -> type[Attention]:
         if spec.name in _REGISTRY and _REGISTRY[spec.name] is not cls:
-            raise ValueError(f"attention {spec.name!r} is registered twice")
+            raise XSearchError(f"attention {spec.name!r} is registered twice")
         cls.spec = spec
         _REGISTRY[spec.name] = cls
         return cls
@@ -32,9 +34,7 @@ def _load_all() -> None:
     global _LOADED
     if _LOADED:
         return
-    import xsearch.attention as pkg
-
-    for info in pkgutil.iter_modules(pkg.__path__):
+    for info in pkgutil.iter_modules([str(Path(__file__).parent)]):
         if not info.name.startswith("_"):
             importlib.import_module(f"xsearch.attention.{info.name}")
     _LOADED = True
@@ -52,7 +52,7 @@ def attention_class(name: str) -> type[Attention]:
     try:
         return _REGISTRY[name]
     except (KeyError, TypeError):
-        raise ValueError(f"unknown attention {name!r}; valid: {', '.join(list_attentions())}") from None
+        raise XSearchError(f"unknown attention {name!r}; valid: {', '.join(list_attentions())}") from None
 
 
 def attention_spec(name: str) -> AttentionSpec:
@@ -89,4 +89,7 @@ def build_attention(
             variant that cannot decode.
     """
     cls = attention_class(name)
+    if causal and not cls.spec.causal:
+        decoders = ", ".join(list_attentions(causal=True))
+        raise XSearchError(f"attention {name!r} cannot be causal (decoder-capable: {decoders})")
     return cls(d_model, n_heads, causal=causal, max_len=max_len, dropout=dropout, head_dim=head_dim, **params)

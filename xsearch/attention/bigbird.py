@@ -11,6 +11,7 @@ import torch
 from xsearch.attention._base import Attention, AttentionSpec, positive_int, sdpa
 from xsearch.attention._blocks import blocked_sdpa, from_blocks, gather_windows, to_blocks
 from xsearch.attention._registry import register
+from xsearch.errors import XSearchError
 
 
 def draw_random_blocks(nb: int, n_global: int, r: int) -> torch.Tensor:
@@ -62,9 +63,9 @@ class BigBirdAttention(Attention):
         positive_int("bigbird", "block_size", block_size)
         for key, value in (("n_global_blocks", n_global_blocks), ("n_random_blocks", n_random_blocks)):
             if value < 0:
-                raise ValueError(f"attention 'bigbird': parameter {key!r} must be >= 0, got {value}")
+                raise XSearchError(f"attention 'bigbird': parameter {key!r} must be >= 0, got {value}")
         if self.max_len is None:
-            raise ValueError("attention 'bigbird' needs max_len (its random blocks are drawn for max_len)")
+            raise XSearchError("attention 'bigbird' needs max_len (its random blocks are drawn for max_len)")
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

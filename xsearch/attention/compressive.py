@@ -11,6 +11,7 @@ from torch import nn
 from xsearch.attention._base import AttentionSpec, pad_to_multiple, positive_int
 from xsearch.attention._registry import register
 from xsearch.attention.xl import XLAttention
+from xsearch.errors import XSearchError
 
 COMPRESS_FNS = ("conv", "mean")
 
@@ -57,16 +58,16 @@ class CompressiveAttention(XLAttention):
         name = self.spec.name
         positive_int(name, "compression", compression)
         if cmem_len < 0:
-            raise ValueError(f"attention {name!r}: parameter 'cmem_len' must be >= 0, got {cmem_len}")
+            raise XSearchError(f"attention {name!r}: parameter 'cmem_len' must be >= 0, got {cmem_len}")
         if compress_fn not in COMPRESS_FNS:
-            raise ValueError(f"attention {name!r}: parameter 'compress_fn' must be one of {COMPRESS_FNS}")
+            raise XSearchError(f"attention {name!r}: parameter 'compress_fn' must be one of {COMPRESS_FNS}")
         if segment_len % compression:
-            raise ValueError(
+            raise XSearchError(
                 f"attention {name!r}: parameter 'segment_len' ({segment_len}) must be a multiple of "
                 f"'compression' ({compression})"
             )
         if mem_len % compression:
-            raise ValueError(
+            raise XSearchError(
                 f"attention {name!r}: parameter 'mem_len' ({mem_len}) must be a multiple of "
                 f"'compression' ({compression})"
             )

@@ -10,6 +10,7 @@ from torch import nn
 from xsearch.attention._base import Attention, AttentionSpec, positive_int, sdpa
 from xsearch.attention._blocks import band_attention
 from xsearch.attention._registry import register
+from xsearch.errors import XSearchError
 
 
 @register(
@@ -45,7 +46,7 @@ class ETCAttention(Attention):
     def check_params(self, n_global, radius):
         positive_int("etc", "n_global", n_global)
         if radius < 0:
-            raise ValueError(f"attention 'etc': parameter 'radius' must be >= 0, got {radius}")
+            raise XSearchError(f"attention 'etc': parameter 'radius' must be >= 0, got {radius}")
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

@@ -9,6 +9,7 @@ import torch
 from xsearch.attention._base import Attention, AttentionSpec, positive_int, sdpa
 from xsearch.attention._blocks import real_tokens
 from xsearch.attention._registry import register
+from xsearch.errors import XSearchError
 
 
 @register(
@@ -45,7 +46,7 @@ class ImageAttention(Attention):
         positive_int("image", "block_h", block_h)
         positive_int("image", "block_w", block_w)
         if memory < 0:
-            raise ValueError(f"attention 'image': parameter 'memory' must be >= 0, got {memory}")
+            raise XSearchError(f"attention 'image': parameter 'memory' must be >= 0, got {memory}")
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         mask = self.check_input(x, mask)

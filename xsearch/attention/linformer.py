@@ -10,6 +10,7 @@ from torch import nn
 
 from xsearch.attention._base import Attention, AttentionSpec, positive_int, sdpa
 from xsearch.attention._registry import register
+from xsearch.errors import XSearchError
 
 
 @register(
@@ -38,7 +39,7 @@ class LinformerAttention(Attention):
     def check_params(self, k, share_kv):
         positive_int("linformer", "k", k)
         if self.max_len is None:
-            raise ValueError("attention 'linformer' needs max_len (its projections are k x max_len)")
+            raise XSearchError("attention 'linformer' needs max_len (its projections are k x max_len)")
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

@@ -15,6 +15,7 @@ from xsearch.attention._blocks import (
     window_positions,
 )
 from xsearch.attention._registry import register
+from xsearch.errors import XSearchError
 
 
 @register(
@@ -38,7 +39,7 @@ class LocalAttention(Attention):
     def check_params(self, block_size, lookback):
         positive_int("local", "block_size", block_size)
         if lookback < 0:
-            raise ValueError(f"attention 'local': parameter 'lookback' must be >= 0, got {lookback}")
+            raise XSearchError(f"attention 'local': parameter 'lookback' must be >= 0, got {lookback}")
 
     def attend(self, q, k, v, mask):
         bs, lb = self.params["block_size"], self.params["lookback"]

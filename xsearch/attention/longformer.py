@@ -15,6 +15,7 @@ from torch import nn
 from xsearch.attention._base import Attention, AttentionSpec, pad_to_multiple, positive_int, sdpa, slice_linear
 from xsearch.attention._blocks import band_attention
 from xsearch.attention._registry import register
+from xsearch.errors import XSearchError
 
 
 def _to_residues(t: torch.Tensor, d: int) -> torch.Tensor:
@@ -79,7 +80,7 @@ class LongformerAttention(Attention):
         positive_int("longformer", "window", window)
         positive_int("longformer", "dilation", dilation)
         if n_global < 0:
-            raise ValueError(f"attention 'longformer': parameter 'n_global' must be >= 0, got {n_global}")
+            raise XSearchError(f"attention 'longformer': parameter 'n_global' must be >= 0, got {n_global}")
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from xsearch.attention._base import Attention, AttentionSpec, exporting, pad_to_multiple, positive_int, sdpa
 from xsearch.attention._blocks import real_tokens
 from xsearch.attention._registry import register
+from xsearch.errors import XSearchError
 
 # Score given to a query's own key: far below any real score, so a token attends itself only
 # when no other key is available (Reformer / reference implementations use the same device).
@@ -207,7 +208,7 @@ class ReformerAttention(Attention):
         positive_int("reformer", "bucket_size", bucket_size)
         positive_int("reformer", "n_hashes", n_hashes)
         if self.max_len is None:
-            raise ValueError("attention 'reformer' needs max_len (its number of buckets is max_len / bucket_size)")
+            raise XSearchError("attention 'reformer' needs max_len (its number of buckets is max_len / bucket_size)")
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

@@ -11,6 +11,7 @@ from xsearch.attention._base import Attention, AttentionSpec, pad_to_multiple, p
 from xsearch.attention._blocks import real_tokens
 from xsearch.attention._registry import register
 from xsearch.attention.reformer import sorted_chunk_attention
+from xsearch.errors import XSearchError
 
 
 @register(
@@ -54,9 +55,9 @@ class RoutingAttention(Attention):
     def check_params(self, n_clusters, decay):
         positive_int("routing", "n_clusters", n_clusters)
         if not 0.0 <= decay < 1.0:
-            raise ValueError(f"attention 'routing': parameter 'decay' must be in [0, 1), got {decay!r}")
+            raise XSearchError(f"attention 'routing': parameter 'decay' must be in [0, 1), got {decay!r}")
         if self.causal and self.max_len is None:
-            raise ValueError("attention 'routing' needs max_len when causal (its window is max_len / n_clusters)")
+            raise XSearchError("attention 'routing' needs max_len when causal (its window is max_len / n_clusters)")
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

@@ -12,6 +12,7 @@ from torch import nn
 from xsearch.attention._base import Attention, AttentionSpec, pad_to_multiple, positive_int
 from xsearch.attention._blocks import blocked_sdpa, from_blocks, real_tokens, to_blocks
 from xsearch.attention._registry import register
+from xsearch.errors import XSearchError
 
 
 def sinkhorn(logits: torch.Tensor, allowed: torch.Tensor, n_iters: int, causal: bool) -> torch.Tensor:
@@ -73,9 +74,9 @@ class SinkhornAttention(Attention):
         positive_int("sinkhorn", "block_size", block_size)
         positive_int("sinkhorn", "n_iters", n_iters)
         if not temperature > 0.0:
-            raise ValueError(f"attention 'sinkhorn': parameter 'temperature' must be > 0, got {temperature!r}")
+            raise XSearchError(f"attention 'sinkhorn': parameter 'temperature' must be > 0, got {temperature!r}")
         if self.max_len is None:
-            raise ValueError("attention 'sinkhorn' needs max_len (its SortNet scores max_len / block_size blocks)")
+            raise XSearchError("attention 'sinkhorn' needs max_len (its SortNet scores max_len / block_size blocks)")
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

@@ -18,6 +18,7 @@ from xsearch.attention._base import (
     slice_param,
 )
 from xsearch.attention._registry import register
+from xsearch.errors import XSearchError
 
 MODES = ("dense", "random", "factorized")
 
@@ -73,12 +74,12 @@ class SynthesizerAttention(Attention):
 
     def check_params(self, mode, mix, k):
         if mode not in MODES:
-            raise ValueError(f"attention 'synthesizer': parameter 'mode' must be one of {MODES}, got {mode!r}")
+            raise XSearchError(f"attention 'synthesizer': parameter 'mode' must be one of {MODES}, got {mode!r}")
         if not 0.0 <= mix <= 1.0:
-            raise ValueError(f"attention 'synthesizer': parameter 'mix' must be in [0, 1], got {mix!r}")
+            raise XSearchError(f"attention 'synthesizer': parameter 'mix' must be in [0, 1], got {mix!r}")
         positive_int("synthesizer", "k", k)
         if self.max_len is None:
-            raise ValueError("attention 'synthesizer' needs max_len (its synthetic logits are max_len wide)")
+            raise XSearchError("attention 'synthesizer' needs max_len (its synthetic logits are max_len wide)")
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

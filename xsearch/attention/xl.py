@@ -24,6 +24,7 @@ from xsearch.attention._base import (
 )
 from xsearch.attention._blocks import real_tokens
 from xsearch.attention._registry import register
+from xsearch.errors import XSearchError
 
 
 def sinusoid(positions: torch.Tensor, dim: int) -> torch.Tensor:
@@ -84,7 +85,7 @@ class XLAttention(Attention):
         name = self.spec.name
         positive_int(name, "segment_len", segment_len)
         if mem_len < 0:
-            raise ValueError(f"attention {name!r}: parameter 'mem_len' must be >= 0, got {mem_len}")
+            raise XSearchError(f"attention {name!r}: parameter 'mem_len' must be >= 0, got {mem_len}")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -15,11 +15,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from xsearch.errors import XSearchError
+
 log = logging.getLogger("xsearch.train")
 
 
-class TrainingDiverged(RuntimeError):
-    """The loss became NaN or infinite."""
+class TrainingDiverged(XSearchError, RuntimeError):
+    """The loss became NaN or infinite (a learning rate too high for the model, most often)."""
 
 
 @dataclass
@@ -109,11 +111,11 @@ def train(
         TrainingDiverged: the loss became NaN or infinite.
     """
     if steps is None and seconds is None:
-        raise ValueError("train needs steps= or seconds=")
+        raise XSearchError("train needs steps= or seconds=")
     if steps is not None and steps <= 0:
-        raise ValueError(f"steps must be > 0, got {steps}")
+        raise XSearchError(f"steps must be > 0, got {steps}")
     if seconds is not None and seconds <= 0:
-        raise ValueError(f"seconds must be > 0, got {seconds}")
+        raise XSearchError(f"seconds must be > 0, got {seconds}")
     loss_fn = loss_fn or task_loss
     torch.manual_seed(seed)
     decay, no_decay = [], []
@@ -121,7 +123,7 @@ def train(
         if p.requires_grad:
             (no_decay if p.dim() < 2 or name.endswith(".bias") else decay).append(p)
     if not decay and not no_decay:
-        raise ValueError("the model has no trainable parameters")
+        raise XSearchError("the model has no trainable parameters")
     opt = torch.optim.AdamW(
         [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}], lr=lr
     )
@@ -154,7 +156,8 @@ def train(
             ids, mask, labels = next(batches)
             loss = loss_fn(model, ids, mask, labels)
             if not torch.isfinite(loss):
-                raise TrainingDiverged(f"loss became {loss.item()} at step {step} (lr {opt.param_groups[0]['lr']:.2e})")
+                raise TrainingDiverged(f"training diverged: the loss became {loss.item()} at step {step} (lr "
+                                       f"{opt.param_groups[0]['lr']:.2e}); lower the learning rate")  # fmt: skip
             opt.zero_grad(set_to_none=True)
             loss.backward()
             if grad_clip > 0:
@@ -230,7 +233,7 @@ def _endless(task, batch_size: int, seed: int):
             got = True
             yield batch
         if not got:
-            raise ValueError("the train split is empty")
+            raise XSearchError("the train split is empty")
         epoch += 1
 
 
@@ -292,5 +295,5 @@ def score_logits(
             correct += int((logits.argmax(-1) == labels).sum())
             total += len(labels)
     if total == 0:
-        raise ValueError(f"split {split!r} of task {task.name!r} is empty")
+        raise XSearchError(f"split {split!r} of task {task.name!r} is empty")
     return nll / total / math.log(2) if task.kind == "lm" else correct / total

@@ -1,0 +1,20 @@
+"""Training and evaluation: the loop (AdamW, warmup + cosine decay, clipping, validation, progress),
+``TrainSettings`` (every option of a training run, defined once) and ``train_model`` (build, train,
+score: what ``xsearch train`` and the pipeline's train stages run).
+
+``import xsearch.training`` is light; torch is imported when a name that needs it is used.
+"""
+
+from __future__ import annotations
+
+from xsearch._lazy import by_module, lazy_names
+
+_LAZY = by_module(
+    {
+        "xsearch.training.loop": "train evaluate evaluate_onnx score_logits task_loss TrainResult TrainingDiverged",
+        "xsearch.training.settings": "TrainSettings",
+        "xsearch.training.recipe": "train_model TrainedModel",
+    }
+)
+__all__ = sorted(_LAZY)
+__getattr__, __dir__ = lazy_names(__name__, _LAZY)

@@ -1,0 +1,40 @@
+"""``TrainSettings``: every option of a training run, defined once (``xsearch train``'s flags and the
+pipeline's ``train:`` section are built from it). No torch import."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from xsearch.errors import SettingError
+from xsearch.settings import Settings, option
+
+
+@dataclass
+class TrainSettings(Settings):
+    """A training budget and recipe: exactly one of ``steps`` and ``seconds``."""
+
+    #: Options of which at most one may be given; giving one drops the others' defaults.
+    ALTERNATIVES: ClassVar[tuple[tuple[str, ...], ...]] = (("steps", "seconds"),)
+
+    steps: int | None = option(None, "optimizer steps (a budget anyone can reproduce)", gt=0)
+    seconds: float | None = option(None, "a wall-clock budget instead of steps (depends on the machine's load)", gt=0)
+    batch_size: int = option(32, "examples per step", ge=1)
+    lr: float = option(1e-3, "peak learning rate (AdamW)", gt=0)
+    warmup: float = option(0.1, "linear warmup, as a fraction of the budget", ge=0, lt=1)
+    weight_decay: float = option(0.01, "AdamW weight decay (not on biases and norms)", ge=0)
+    grad_clip: float = option(1.0, "largest gradient norm (0: no clipping)", ge=0)
+    seed: int = option(0, "seeds the initial weights, the batch order and dropout")
+    keep_best: bool = option(False, "end with the weights of the best validation point (a small model can overfit)")
+
+    def rules(self) -> None:
+        if self.steps is not None and self.seconds is not None:
+            raise SettingError(("steps", "seconds"), "give {0} or {1}, not both")
+        if self.steps is None and self.seconds is None:
+            raise SettingError(("steps", "seconds"), "give {0} or {1}")
+
+    def loop_options(self) -> dict[str, Any]:
+        """The keyword arguments of ``xsearch.train`` (everything but the seed of the initial weights)."""
+        return {"steps": self.steps, "seconds": self.seconds, "batch_size": self.batch_size, "lr": self.lr,
+                "warmup": self.warmup, "weight_decay": self.weight_decay, "grad_clip": self.grad_clip,
+                "seed": self.seed, "keep_best": self.keep_best}  # fmt: skip
