@@ -33,10 +33,10 @@ import optuna
 import torch
 
 import xsearch
-from xsearch.cli import parse_assignments
 from xsearch.latency import measure
 from xsearch.search import SearchSettings, is_feasible, run_search, trial_latency_ms, trial_metric
 from xsearch.search_spaces import load_space
+from xsearch.settings import parse_assignments
 from xsearch.tasks import get_task
 
 THREADS = 2  # latency measurement (the deployment setting)

@@ -52,7 +52,8 @@ def main() -> int:
     torch.set_num_threads(THREADS)
     task = get_task("listops", n_train=6000, n_valid=300, n_test=1000, max_len=args.max_len)
     if args.study:
-        from xsearch.report import load, pick
+        from xsearch.search.report import pick
+        from xsearch.storage import load_study as load
 
         trial = pick(load(args.storage, args.study), args.max_latency_ms)
         cfg = xsearch.ModelConfig.from_dict(trial.user_attrs["model_config"])

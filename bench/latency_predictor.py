@@ -23,7 +23,8 @@ import logging
 import statistics
 import time
 
-from xsearch.latency_predictor import (
+from xsearch.latency.device import describe_device
+from xsearch.latency.predictor import (
     LatencyPredictor,
     fit_with_holdout,
     holdout_metrics,
@@ -32,7 +33,8 @@ from xsearch.latency_predictor import (
     row_features,
     split_by_architecture,
 )
-from xsearch.latency_sweep import SweepSettings, describe_device, rows_from_study, run_sweep, select_rows
+from xsearch.latency.predictor.data import rows_from_study, select_rows
+from xsearch.latency.sweep import SweepSettings, run_sweep
 
 THREADS = 2
 TASK_OPTIONS = {"max_len": 1024, "n_train": 64, "n_valid": 16, "n_test": 16}  # only the model fields are used
@@ -79,7 +81,7 @@ def retest(predictor: LatencyPredictor, info: dict, args) -> dict:
     import torch
 
     import xsearch
-    from xsearch.latency_rounds import time_in_rounds
+    from xsearch.latency.rounds import time_in_rounds
     from xsearch.search_spaces import load_space
     from xsearch.tasks import get_task
 

@@ -40,6 +40,21 @@ def test_user_file_states_only_what_it_changes(tmp_path):
     assert cfg.run_dir == Path("runs/mine")
 
 
+def test_a_budget_in_seconds_replaces_the_default_steps_and_null_clears_a_key(tmp_path):
+    path = tmp_path / "p.yaml"
+    path.write_text("search:\n  train_seconds: 5\ntrain:\n  seconds: 20\n")
+    cfg = load_pipeline_config(path)
+    assert (cfg.search.train_steps, cfg.search.train_seconds) == (None, 5.0)
+    assert (cfg.train.steps, cfg.train.seconds) == (None, 20.0)
+    cfg = load_pipeline_config(overrides={"search.train_seconds": 3, "pick.max_latency_ms": None})
+    assert (cfg.search.train_steps, cfg.search.train_seconds, cfg.pick.max_latency_ms) == (None, 3.0, None)
+    from xsearch.pipeline.config import validate
+
+    data = yaml.safe_load(DEFAULT_YAML)
+    data["search"].update(train_steps=None, train_seconds=None)
+    assert validate(data).search.train_steps == 200  # neither: the search's default step budget
+
+
 @pytest.mark.parametrize(
     ("text", "needle"),
     [
@@ -47,11 +62,14 @@ def test_user_file_states_only_what_it_changes(tmp_path):
         ("serch: {}\n", "'serch' (did you mean 'search'?)"),
         ("search:\n  trials: ten\n", "search.trials must be an integer, got 'ten'"),
         ("search: 3\n", "search must be a mapping"),
-        ("target: tpu\n", "target='tpu': must be one of"),
-        ("compress:\n  prune_ffn: 1.5\n", "compress.prune_ffn=1.5"),
-        ("train:\n  steps: 100\n", "give exactly one of train.steps and train.seconds"),
-        ("threads: 0\n", "threads=0: must be > 0"),
-        ("task:\n  name: imagenet\n", "task.name='imagenet'"),
+        ("target: tpu\n", "target must be one of ort-cpu, ort-cuda, torch-cpu, torch-cuda, got 'tpu'"),
+        ("compress:\n  prune_ffn: 1.5\n", "compress.prune_ffn must be < 1, got 1.5"),
+        ("train:\n  steps: 100\n  seconds: 10\n", "give train.steps or train.seconds, not both"),
+        ("train:\n  steps: null\n", "give train.steps or train.seconds"),
+        ("threads: 0\n", "threads must be > 0, got 0"),
+        ("task:\n  name: imagenet\n", "task.name must be one of listops, lm, pathfinder, text, got 'imagenet'"),
+        ("task:\n  options: {bogus: 1}\n", "task.options: task 'listops' has no option 'bogus'"),
+        ("search:\n  objective: accuracy\n", "give search.max_latency_ms"),
         ("search:\n\ttrials: 3\n", "not valid YAML (line 2)"),
         ("- 1\n- 2\n", "expected a mapping of keys"),
     ],

@@ -10,7 +10,14 @@ import json
 import shutil
 from typing import Any
 
-from xsearch.pipeline.config import DEFAULT_YAML, PipelineConfig, PipelineConfigError, load_pipeline_config
+from xsearch.errors import XSearchError
+from xsearch.pipeline.config import (
+    DEFAULT_YAML,
+    PipelineConfig,
+    PipelineConfigError,
+    default_yaml,
+    load_pipeline_config,
+)
 from xsearch.pipeline.runner import RunFolder, RunLockedError
 
 __all__ = [
@@ -18,6 +25,7 @@ __all__ = [
     "PipelineConfig",
     "PipelineConfigError",
     "RunLockedError",
+    "default_yaml",
     "load_pipeline_config",
     "run_pipeline",
 ]
@@ -36,13 +44,13 @@ def run_pipeline(
     """
     from xsearch.pipeline.stages import STAGE_NAMES, STAGES, RunContext
 
+    if redo_from is not None and redo_from not in STAGE_NAMES:
+        raise XSearchError(f"unknown stage {redo_from!r}; stages: {', '.join(STAGE_NAMES)}")
     run = RunFolder(cfg.run_dir, STAGES)
     if fresh and run.root.exists():
         run.lock()  # never delete a folder another process is working in
         run.unlock()
         shutil.rmtree(run.root)
-    if redo_from is not None and redo_from not in STAGE_NAMES:
-        raise ValueError(f"unknown stage {redo_from!r}; stages: {', '.join(STAGE_NAMES)}")
     run.lock()
     try:
         if redo_from is not None:

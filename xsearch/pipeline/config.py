@@ -1,156 +1,146 @@
 """``pipeline.yaml``: the schema of ``xsearch run``, its embedded default, and validation.
 
-The default configuration is one commented YAML text (``DEFAULT_YAML``, printed by
-``xsearch run --print-config``); a user's file only states what it changes and is merged over it.
-Every key is checked against the dataclasses below, so a typo or a value of the wrong type fails
-at once with the key's dotted name, before any work starts.
+Each section of the file *is* one of the library's settings dataclasses (``search:`` is
+``SearchSettings`` without what the pipeline sets itself, ``train:`` is ``TrainSettings``,
+``compress:`` is ``CompressSettings`` plus the teacher, ...), so an option is defined once, in the
+library, and validated by the same rules everywhere. The default file (``DEFAULT_YAML``, printed
+by ``xsearch run --print-config``) is written from those dataclasses: their fields, their help as
+comments, the library's defaults with the pipeline's own choices over them (``PIPELINE_DEFAULTS``).
+A user's file only states what it changes and is merged over it; every key is checked before any
+work starts, and a typo or a bad value fails at once with the key's dotted name.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import types
-import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-TARGETS = ("ort-cpu", "torch-cpu", "ort-cuda", "torch-cuda")
-QUANTIZE_MODES = ("dynamic-int8", "static-int8", "fp16", "none")
+from xsearch.compress.settings import CompressSettings
+from xsearch.errors import MissingPathError, SettingError, XSearchError
+from xsearch.export.settings import ExportSettings
+from xsearch.search.settings import PickSettings, SearchSettings
+from xsearch.settings import Settings, did_you_mean, from_mapping, option, same_as, yaml_lines, yaml_scalar
+from xsearch.training.settings import TrainSettings
+
 TEACHERS = ("reference", "searched", "none")
 
-DEFAULT_YAML = """\
-# xsearch run: search -> report -> pick -> train -> reference -> compress -> export -> quantize -> verify -> summary
-# Every stage writes into runs/<name>/NN-<stage>; re-running the same command continues after the last
-# finished stage. Give only the keys you change; the rest come from here.
-name: default            # the run folder is <runs_dir>/<name>
-runs_dir: runs
-target: ort-cpu          # where latency is measured and the model will run: ort-cpu | torch-cpu | ort-cuda | torch-cuda
-threads: 2               # threads for latency measurement (and the deployed model)
-batch: 1                 # batch size at which latency is measured
 
-task:
-  name: listops          # listops | text | lm (see `xsearch train --help` for their options)
-  options:               # passed to the task: e.g. data: train.jsonl (text), path: corpus.txt (lm)
-    n_train: 4000
-    n_valid: 500
-    n_test: 500
-    max_len: 256
-
-search:
-  space: tiny            # a shipped space (`xsearch spaces`) or a .yaml file
-  trials: 8              # trials in the study, the reference Transformer included
-  train_steps: null      # per trial: give train_steps or train_seconds
-  train_seconds: 8
-  batch_size: 32
-  lr: 0.002
-  sampler: tpe           # tpe | nsga2 | random
-  seed: 0
-  max_latency_ms: null   # a latency constraint on the search itself
-  max_params: null
-  seq_len: null          # length at which latency is measured (default: the task's max_len)
-  latency_repeats: 10
-
-pick:                    # the most accurate feasible trial within both budgets (null = no limit)
-  max_latency_ms: null
-  min_speedup: null      # e.g. 3: at least 3x faster than the reference Transformer in the search
-
-train:                   # the picked model and the reference Transformer, each trained with this budget
-  steps: null
-  seconds: 30
-  batch_size: 32
-  lr: 0.002
-  seed: 0
-  keep_best: true        # keep the weights of the best validation point (a small fast model can overfit)
-
-compress:
-  prune_heads: 0.0       # fraction of attention heads removed
-  prune_ffn: 0.5         # fraction of FFN channels removed
-  importance: magnitude  # magnitude | taylor
-  finetune_steps: 200    # fine-tuning after pruning (0: none)
-  teacher: reference     # distil from: reference | searched (the unpruned model) | none (plain fine-tuning)
-  temperature: 2.0
-  alpha: 0.5
-  lr: 0.001
-
-export:
-  quantize: dynamic-int8 # dynamic-int8 | static-int8 | fp16 | none
-
-verify:
-  latency_repeats: 30    # per model, interleaved between the models compared
-"""
-
-
-class PipelineConfigError(ValueError):
+class PipelineConfigError(XSearchError):
     """A pipeline.yaml that does not fit the schema (the message names the key)."""
 
 
 @dataclass
-class TaskSection:
-    name: str
-    options: dict[str, Any] = field(default_factory=dict)
+class RunSettings(Settings):
+    """The top-level keys: the run folder, and where the models are measured and deployed."""
+
+    name: str = option("default", "the run folder is <runs_dir>/<name>")
+    runs_dir: str = option("runs", "where run folders live")
+    target: str = same_as(SearchSettings, "target", help="where latency is measured and the model will run")
+    threads: int = same_as(SearchSettings, "threads", help="threads for latency measurement (and the deployed model)")
+    batch: int = same_as(SearchSettings, "batch")
+
+    def rules(self) -> None:
+        if not self.name or "/" in self.name or self.name in (".", ".."):
+            raise SettingError("name", f"{{0}}={self.name!r}: must be a plain folder name")
+
+
+def _task_names() -> list[str]:
+    from xsearch.tasks import list_tasks
+
+    return list_tasks()
 
 
 @dataclass
-class SearchSection:
-    space: str
-    trials: int
-    train_steps: int | None
-    train_seconds: float | None
-    batch_size: int
-    lr: float
-    sampler: str
-    seed: int
-    max_latency_ms: float | None
-    max_params: int | None
-    seq_len: int | None
-    latency_repeats: int
+class TaskSection(Settings):
+    """The task, by name, with its options (checked without generating or reading any data)."""
+
+    name: str = option("listops", "listops | pathfinder | text | lm", choices=_task_names)
+    options: dict[str, Any] = option(factory=dict, help="passed to the task: e.g. data: train.jsonl (text)")
+
+    def rules(self) -> None:
+        from xsearch.tasks import check_task_options
+
+        try:
+            check_task_options(self.name, self.options)
+        except XSearchError as e:
+            raise SettingError("options", "{0}: " + str(e).replace("{", "{{").replace("}", "}}")) from None
 
 
 @dataclass
-class PickSection:
-    max_latency_ms: float | None
-    min_speedup: float | None
+class CompressSection(CompressSettings):
+    """``CompressSettings`` and the model the pruned one is distilled from."""
+
+    teacher: str = option("reference", "distil from: reference | searched (the unpruned model) | none",
+                          choices=TEACHERS)  # fmt: skip
 
 
 @dataclass
-class TrainSection:
-    steps: int | None
-    seconds: float | None
-    batch_size: int
-    lr: float
-    seed: int
-    keep_best: bool
+class VerifySettings(Settings):
+    """The last check: every ONNX file scored on the test split and timed, interleaved with the others."""
+
+    latency_repeats: int = option(30, "timed runs per model, interleaved between the models compared", ge=1)
 
 
-@dataclass
-class CompressSection:
-    prune_heads: float
-    prune_ffn: float
-    importance: str
-    finetune_steps: int
-    teacher: str
-    temperature: float
-    alpha: float
-    lr: float
+#: Fields of ``SearchSettings`` the pipeline sets itself (from the top level and the run folder).
+SEARCH_FIXED = ("task", "task_options", "target", "threads", "batch", "storage", "study", "latency_cache",
+                "heartbeat_interval", "grace_period")  # fmt: skip
+#: YAML key -> (its settings class, the fields it leaves out).
+SECTIONS: dict[str, tuple[type, tuple[str, ...]]] = {
+    "task": (TaskSection, ()),
+    "search": (SearchSettings, SEARCH_FIXED),
+    "pick": (PickSettings, ()),
+    "train": (TrainSettings, ()),
+    "compress": (CompressSection, ()),
+    "export": (ExportSettings, ("check",)),  # every export is parity-checked
+    "verify": (VerifySettings, ()),
+}
+#: The embedded default run: the library's defaults, with these over them (about 3 minutes on 2 cores).
+PIPELINE_DEFAULTS: dict[str, dict[str, Any]] = {
+    "task": {"name": "listops", "options": {"n_train": 4000, "n_valid": 500, "n_test": 500, "max_len": 256}},
+    "search": {"space": "tiny", "trials": 8, "train_steps": 150, "lr": 0.002},
+    "train": {"steps": 600, "lr": 0.002, "keep_best": True},
+    "compress": {"prune_ffn": 0.5, "finetune_steps": 200, "lr": 0.001, "keep_best": True},
+    "export": {"quantize": "dynamic-int8"},
+}
+HEADER = """\
+# xsearch run: search -> report -> pick -> train -> reference -> compress -> export -> quantize -> verify -> summary
+# Every stage writes into runs/<name>/NN-<stage>; re-running the same command continues after the last
+# finished stage. Give only the keys you change; the rest come from here. Budgets are in steps (seconds
+# depend on how busy the machine is): give either steps or seconds, the other null.
+"""
 
 
-@dataclass
-class ExportSection:
-    quantize: str
+def default_yaml() -> str:
+    """The commented default pipeline.yaml, written from the settings dataclasses."""
+    lines = HEADER.splitlines()
+    lines += yaml_lines(RunSettings, indent=0)
+    for key, (cls, exclude) in SECTIONS.items():
+        lines.append("")
+        lines.append(f"{key}:")
+        values = PIPELINE_DEFAULTS.get(key, {})
+        if key == "task":
+            rows = yaml_lines(cls, values, exclude=("options",))
+            options = dataclasses.fields(cls)[1]
+            rows.append(f"  options:  # {options.metadata['help']}")
+            rows += [f"    {k}: {yaml_scalar(v)}" for k, v in values["options"].items()]
+            lines += rows
+        else:
+            lines += yaml_lines(cls, values, exclude=exclude)
+    return "\n".join(lines) + "\n"
 
 
-@dataclass
-class VerifySection:
-    latency_repeats: int
+def default_dict() -> dict[str, Any]:
+    return yaml.safe_load(DEFAULT_YAML)
 
 
 @dataclass
 class PipelineConfig:
-    """A whole ``xsearch run``, as validated data."""
+    """A whole ``xsearch run``, as validated data: the run's top-level settings and one settings object per
+    section (``search`` is a complete ``SearchSettings``, its storage pointing at the run folder's study)."""
 
     name: str
     runs_dir: str
@@ -158,32 +148,33 @@ class PipelineConfig:
     threads: int
     batch: int
     task: TaskSection
-    search: SearchSection
-    pick: PickSection
-    train: TrainSection
+    search: SearchSettings
+    pick: PickSettings
+    train: TrainSettings
     compress: CompressSection
-    export: ExportSection
-    verify: VerifySection
+    export: ExportSettings
+    verify: VerifySettings
 
     @property
     def run_dir(self) -> Path:
         return Path(self.runs_dir) / self.name
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """What the file says: the top-level keys and each section's own fields."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(RunSettings)}
+        for key, (_, exclude) in SECTIONS.items():
+            section = getattr(self, key)
+            out[key] = {f.name: getattr(section, f.name) for f in dataclasses.fields(section) if f.name not in exclude}
+        return out
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
 
 
-def default_dict() -> dict[str, Any]:
-    return yaml.safe_load(DEFAULT_YAML)
-
-
 def over_defaults(user: dict[str, Any], source: str) -> dict[str, Any]:
     """``user``'s keys merged over the default configuration (keys a newer xsearch added keep their default)."""
     data = default_dict()
-    _merge(data, user, "", source)
+    _merge(data, user, source)
     return data
 
 
@@ -195,13 +186,15 @@ def load_pipeline_config(
     if path is not None:
         path = Path(path)
         if not path.is_file():
-            raise FileNotFoundError(f"no such pipeline config: {path}")
+            raise MissingPathError(f"no such pipeline config: {path}")
         try:
             user = yaml.safe_load(path.read_text(encoding="utf-8"))
         except yaml.YAMLError as e:
             mark = getattr(e, "problem_mark", None)
             where = f" (line {mark.line + 1})" if mark is not None else ""
             raise PipelineConfigError(f"{path}: not valid YAML{where}: {getattr(e, 'problem', e)}") from None
+        except UnicodeDecodeError as e:
+            raise PipelineConfigError(f"{path}: not UTF-8 text ({e})") from None
         if user is None:
             user = {}
         if not isinstance(user, dict):
@@ -214,148 +207,78 @@ def load_pipeline_config(
     return validate(data, str(path) if path is not None else "pipeline config")
 
 
-def _merge(base: dict[str, Any], user: dict[str, Any], prefix: str, source: str) -> None:
+def _merge(base: dict[str, Any], user: dict[str, Any], source: str) -> None:
     for key, value in user.items():
-        dotted = f"{prefix}{key}"
         if key not in base:
-            raise PipelineConfigError(f"{source}: unknown key {dotted!r}{_did_you_mean(key, base)}")
-        if isinstance(base[key], dict) and key != "options":
-            if not isinstance(value, dict):
-                raise PipelineConfigError(f"{source}: {dotted} must be a mapping, got {value!r}")
-            _merge(base[key], value, dotted + ".", source)
-        elif key == "options":
-            if not isinstance(value, dict):
-                raise PipelineConfigError(f"{source}: {dotted} must be a mapping, got {value!r}")
-            base[key] = dict(value)  # task options replace the default's as a whole (they are task-specific)
-        else:
+            raise PipelineConfigError(f"{source}: unknown key {key!r}{did_you_mean(str(key), base)}")
+        if key not in SECTIONS:
             base[key] = value
+            continue
+        if not isinstance(value, dict):
+            raise PipelineConfigError(f"{source}: {key} must be a mapping, got {value!r}")
+        for inner, v in value.items():
+            if inner not in base[key]:
+                raise PipelineConfigError(f"{source}: unknown key {f'{key}.{inner}'!r}"
+                                          f"{did_you_mean(str(inner), base[key])}")  # fmt: skip
+            base[key][inner] = dict(v) if inner == "options" else v  # task options replace the default's
+        _drop_alternatives(base, key, value)
+
+
+def _drop_alternatives(data: dict[str, Any], section: str, given: dict[str, Any]) -> None:
+    """A budget given as one of a pair of alternatives (steps or seconds) replaces the default's other one.
+
+    Given both, both stay, and the settings say to give one.
+    """
+    for group in getattr(SECTIONS[section][0], "ALTERNATIVES", ()):
+        named = [k for k in group if given.get(k) is not None]
+        if len(named) == 1:
+            for other in group:
+                if other != named[0] and other not in given:
+                    data[section][other] = None
 
 
 def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
     parts = dotted.split(".")
-    node = data
-    for i, part in enumerate(parts[:-1]):
-        if part not in node or not isinstance(node[part], dict):
-            raise PipelineConfigError(f"--set: unknown key {'.'.join(parts[: i + 1])!r}{_did_you_mean(part, node)}")
-        node = node[part]
-    last = parts[-1]
-    if last not in node and not (len(parts) > 2 and parts[-2] == "options"):
-        raise PipelineConfigError(f"--set: unknown key {dotted!r}{_did_you_mean(last, node)}")
-    node[last] = value
-
-
-def _did_you_mean(key: str, options: dict[str, Any]) -> str:
-    close = difflib.get_close_matches(str(key), [str(k) for k in options], n=1)
-    return f" (did you mean {close[0]!r}?)" if close else f" (valid: {', '.join(map(str, options))})"
+    if len(parts) == 1:
+        if parts[0] not in data or parts[0] in SECTIONS:
+            raise PipelineConfigError(f"--set: unknown key {dotted!r}{did_you_mean(parts[0], data)}")
+        data[parts[0]] = value
+        return
+    section, key = parts[0], parts[1]
+    if section not in SECTIONS:
+        raise PipelineConfigError(f"--set: unknown key {section!r}{did_you_mean(section, SECTIONS)}")
+    if key not in data[section]:
+        raise PipelineConfigError(f"--set: unknown key {dotted!r}{did_you_mean(key, data[section])}")
+    if section == "task" and key == "options" and len(parts) > 2:
+        data["task"]["options"][".".join(parts[2:])] = value
+    elif len(parts) > 2:
+        raise PipelineConfigError(f"--set: unknown key {dotted!r}")
+    else:
+        data[section][key] = value
+        _drop_alternatives(data, section, {key: value})
 
 
 def validate(data: dict[str, Any], source: str = "pipeline config") -> PipelineConfig:
-    """Type-check ``data`` against the schema and the cross-field rules; returns the config."""
-    cfg = _build(PipelineConfig, data, "", source)
-    _check_rules(cfg, source)
-    return cfg
+    """Check ``data`` (a merged configuration) against the settings dataclasses; returns the config."""
+    where = f"{source}: "
+    top = {k: v for k, v in data.items() if k not in SECTIONS}
+    try:
+        run = from_mapping(RunSettings, top, source=where)
+        sections = {}
+        for key in ("task", "pick", "train", "compress", "export", "verify"):
+            cls, exclude = SECTIONS[key]
+            sections[key] = from_mapping(cls, data.get(key, {}), exclude=exclude, source=where,
+                                         name=lambda f, key=key: f"{key}.{f}")  # fmt: skip
+        task = sections["task"]
+        fixed = {"task": task.name, "task_options": task.options, "target": run.target, "threads": run.threads,
+                 "batch": run.batch, "study": "search"}  # fmt: skip
+        top_name = {"target": "target", "threads": "threads", "batch": "batch", "task": "task.name",
+                    "task_options": "task.options"}  # fmt: skip
+        sections["search"] = from_mapping(SearchSettings, data.get("search", {}), fixed=fixed, exclude=SEARCH_FIXED,
+                                          source=where, name=lambda f: top_name.get(f, f"search.{f}"))  # fmt: skip
+    except SettingError as e:
+        raise PipelineConfigError(str(e)) from None
+    return PipelineConfig(**{f.name: getattr(run, f.name) for f in dataclasses.fields(RunSettings)}, **sections)
 
 
-def _build(cls, data: dict[str, Any], prefix: str, source: str):
-    hints = typing.get_type_hints(cls)
-    kwargs = {}
-    for f in dataclasses.fields(cls):
-        dotted = f"{prefix}{f.name}"
-        if f.name not in data:
-            raise PipelineConfigError(f"{source}: missing key {dotted!r}")
-        kwargs[f.name] = _coerce(hints[f.name], data[f.name], dotted, source)
-    extra = set(data) - {f.name for f in dataclasses.fields(cls)}
-    if extra:
-        key = sorted(extra)[0]
-        raise PipelineConfigError(f"{source}: unknown key {prefix}{key!r}")
-    return cls(**kwargs)
-
-
-def _coerce(tp, value: Any, dotted: str, source: str) -> Any:
-    if dataclasses.is_dataclass(tp):
-        if not isinstance(value, dict):
-            raise PipelineConfigError(f"{source}: {dotted} must be a mapping, got {value!r}")
-        return _build(tp, value, dotted + ".", source)
-    args = typing.get_args(tp)
-    if isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union:
-        if value is None and type(None) in args:
-            return None
-        (tp,) = [a for a in args if a is not type(None)]
-        args = typing.get_args(tp)
-    if typing.get_origin(tp) is dict:
-        if not isinstance(value, dict):
-            raise PipelineConfigError(f"{source}: {dotted} must be a mapping, got {value!r}")
-        return dict(value)
-    ok = {
-        int: isinstance(value, int) and not isinstance(value, bool),
-        float: isinstance(value, (int, float)) and not isinstance(value, bool),
-        str: isinstance(value, str),
-        bool: isinstance(value, bool),
-    }[tp]
-    if not ok:
-        kind = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}[tp]
-        raise PipelineConfigError(f"{source}: {dotted} must be {kind}, got {value!r}")
-    return float(value) if tp is float else value
-
-
-def _check_rules(cfg: PipelineConfig, source: str) -> None:
-    from xsearch.search import SAMPLERS
-    from xsearch.tasks import list_tasks
-
-    def bad(key: str, value: Any, why: str) -> PipelineConfigError:
-        return PipelineConfigError(f"{source}: {key}={value!r}: {why}")
-
-    if not cfg.name or "/" in cfg.name or cfg.name in (".", ".."):
-        raise bad("name", cfg.name, "must be a plain folder name")
-    choices = {
-        "target": (cfg.target, TARGETS),
-        "task.name": (cfg.task.name, tuple(list_tasks())),
-        "search.sampler": (cfg.search.sampler, SAMPLERS),
-        "compress.importance": (cfg.compress.importance, ("magnitude", "taylor")),
-        "compress.teacher": (cfg.compress.teacher, TEACHERS),
-        "export.quantize": (cfg.export.quantize, QUANTIZE_MODES),
-    }
-    for key, (value, valid) in choices.items():
-        if value not in valid:
-            raise bad(key, value, f"must be one of {', '.join(valid)}")
-    positive = {
-        "threads": cfg.threads,
-        "batch": cfg.batch,
-        "search.trials": cfg.search.trials,
-        "search.batch_size": cfg.search.batch_size,
-        "search.lr": cfg.search.lr,
-        "search.latency_repeats": cfg.search.latency_repeats,
-        "search.train_steps": cfg.search.train_steps,
-        "search.train_seconds": cfg.search.train_seconds,
-        "search.max_latency_ms": cfg.search.max_latency_ms,
-        "search.max_params": cfg.search.max_params,
-        "search.seq_len": cfg.search.seq_len,
-        "pick.max_latency_ms": cfg.pick.max_latency_ms,
-        "pick.min_speedup": cfg.pick.min_speedup,
-        "train.steps": cfg.train.steps,
-        "train.seconds": cfg.train.seconds,
-        "train.batch_size": cfg.train.batch_size,
-        "train.lr": cfg.train.lr,
-        "compress.temperature": cfg.compress.temperature,
-        "compress.lr": cfg.compress.lr,
-        "verify.latency_repeats": cfg.verify.latency_repeats,
-    }
-    for key, value in positive.items():
-        if value is not None and value <= 0:
-            raise bad(key, value, "must be > 0")
-    for a, b, steps, seconds in (
-        ("search.train_steps", "search.train_seconds", cfg.search.train_steps, cfg.search.train_seconds),
-        ("train.steps", "train.seconds", cfg.train.steps, cfg.train.seconds),
-    ):
-        if (steps is None) == (seconds is None):
-            raise PipelineConfigError(f"{source}: give exactly one of {a} and {b} (the other null)")
-    for key, value in (
-        ("compress.prune_heads", cfg.compress.prune_heads),
-        ("compress.prune_ffn", cfg.compress.prune_ffn),
-    ):
-        if not 0.0 <= value < 1.0:
-            raise bad(key, value, "must be a fraction in [0, 1)")
-    if not 0.0 <= cfg.compress.alpha <= 1.0:
-        raise bad("compress.alpha", cfg.compress.alpha, "must be in [0, 1]")
-    if cfg.compress.finetune_steps < 0:
-        raise bad("compress.finetune_steps", cfg.compress.finetune_steps, "must be >= 0")
+DEFAULT_YAML = default_yaml()

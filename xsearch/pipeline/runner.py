@@ -22,6 +22,7 @@ from typing import Any
 
 import yaml
 
+from xsearch.errors import XSearchError
 from xsearch.pipeline.config import PipelineConfig, PipelineConfigError, over_defaults, validate
 from xsearch.serialization import atomic_write_text
 
@@ -43,7 +44,7 @@ class Stage:
     depends: tuple[str, ...] = ()  # configuration keys (dotted prefixes) whose values the stage's result reflects
 
 
-class RunLockedError(RuntimeError):
+class RunLockedError(XSearchError, RuntimeError):
     """Another process holds the run folder."""
 
 

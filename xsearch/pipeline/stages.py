@@ -12,6 +12,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from xsearch.errors import XSearchError
 from xsearch.pipeline.config import PipelineConfig
 from xsearch.pipeline.runner import RunFolder, Stage
 
@@ -46,9 +47,9 @@ class RunContext:
         return self.run.result(name)
 
     def study(self):
-        from xsearch.report import load
+        from xsearch.storage import load_study
 
-        return load(study_url(self.folder("search") / STUDY_FILE), STUDY_NAME)
+        return load_study(study_url(self.folder("search") / STUDY_FILE), STUDY_NAME)
 
     def load_model(self, stage: str):
         from xsearch.serialization import load_model
@@ -68,40 +69,35 @@ def study_url(path: Path) -> str:
 # -- 1 search --------------------------------------------------------------------------------
 def run_search_stage(ctx: RunContext, work: Path) -> dict[str, Any]:
     """The hardware-aware search; resumes its own study after an interruption."""
+    import dataclasses
+
     import optuna
 
-    from xsearch.search import SearchSettings, pareto_front, reference_trial, run_search
+    from xsearch.search.run import run_search
+    from xsearch.search.study import pareto_front, reference_trial, state_counts
 
-    s = ctx.cfg.search
-    url = study_url(work / STUDY_FILE)
+    settings = dataclasses.replace(ctx.cfg.search, storage=study_url(work / STUDY_FILE))
     used = 0
     if (work / STUDY_FILE).exists():
         from xsearch.search_spaces import load_space
 
-        space = load_space(s.space, causal=ctx.task.kind == "lm", max_len=ctx.task.max_len)
-        used = _close_interrupted_trials(url, space.reference_params())
-    remaining = s.trials - used
-    settings = SearchSettings(
-        task=ctx.cfg.task.name, task_options=ctx.cfg.task.options, space=s.space, target=ctx.cfg.target,
-        trials=s.trials, storage=url, study=STUDY_NAME, seq_len=s.seq_len, batch=ctx.cfg.batch,
-        threads=ctx.cfg.threads, max_latency_ms=s.max_latency_ms, max_params=s.max_params,
-        train_steps=s.train_steps, train_seconds=s.train_seconds, batch_size=s.batch_size, lr=s.lr,
-        sampler=s.sampler, seed=s.seed, latency_repeats=s.latency_repeats,
-    )  # fmt: skip
+        space = load_space(settings.space, causal=ctx.task.kind == "lm", max_len=ctx.task.max_len)
+        used = _close_interrupted_trials(settings.storage, space.reference_params())
+    remaining = settings.trials - used
     if remaining > 0:
         if used:
-            ctx.echo(f"  {used} of {s.trials} trials completed before the interruption; {remaining} to go")
+            ctx.echo(f"  {used} of {settings.trials} trials completed before the interruption; {remaining} to go")
         study = run_search(settings, progress=ctx.progress)
     else:
-        study = optuna.load_study(study_name=STUDY_NAME, storage=url)
-    states: dict[str, int] = {}
-    for t in study.get_trials(deepcopy=False):
-        states[t.state.name] = states.get(t.state.name, 0) + 1
+        study = optuna.load_study(study_name=STUDY_NAME, storage=settings.storage)
+    states = state_counts(study)
     ref = reference_trial(study)
     if ref is None:
         raise RuntimeError(f"the reference Transformer's trial did not complete (trials: {states}); see {work}")
+    duplicates = sum(t.user_attrs.get("duplicate_of") is not None for t in study.get_trials(deepcopy=False))
     return {"study": STUDY_NAME, "storage": STUDY_FILE, "trials": states, "reference_trial": ref.number,
-            "front": [t.number for t in pareto_front(study)]}  # fmt: skip
+            "front": [t.number for t in pareto_front(study)], "chance": study.user_attrs.get("chance"),
+            "duplicates": duplicates}  # fmt: skip
 
 
 def _close_interrupted_trials(url: str, reference_params: dict[str, Any]) -> int:
@@ -139,7 +135,7 @@ def _close_interrupted_trials(url: str, reference_params: dict[str, Any]) -> int
 
 # -- 2 report, 3 pick ------------------------------------------------------------------------
 def run_report_stage(ctx: RunContext, work: Path) -> dict[str, Any]:
-    from xsearch.report import write_report
+    from xsearch.search.report import write_report
 
     doc = write_report(ctx.study(), work)
     return {"files": ["pareto.html", "pareto.png", "trials.csv", "front.json"], "front_size": len(doc["front"])}
@@ -147,26 +143,19 @@ def run_report_stage(ctx: RunContext, work: Path) -> dict[str, Any]:
 
 def run_pick_stage(ctx: RunContext, work: Path) -> dict[str, Any]:
     """The most accurate feasible trial within the latency budget (absolute and/or relative to the reference)."""
-    from xsearch.report import pick
-    from xsearch.search import describe_trial, is_feasible, reference_trial, trial_latency_ms, trial_metric
+    from xsearch.search.report import pick, pick_budget
+    from xsearch.search.study import describe_trial, reference_trial, trial_latency_ms, trial_metric
 
     study = ctx.study()
     ref = reference_trial(study)
     ref_ms = trial_latency_ms(ref)
-    budgets = [ctx.cfg.pick.max_latency_ms]
-    if ctx.cfg.pick.min_speedup is not None:
-        budgets.append(ref_ms / ctx.cfg.pick.min_speedup)
-    budget = min((b for b in budgets if b is not None), default=None)
+    budget = pick_budget(study, ctx.cfg.pick)
     try:
-        chosen = pick(study, budget)
-    except ValueError:
-        feasible = [t for t in study.get_trials(deepcopy=False) if t.values and is_feasible(t)]
-        fastest = min(feasible, key=trial_latency_ms, default=None)
-        best = f"; the fastest feasible trial takes {trial_latency_ms(fastest):.2f} ms" if fastest else ""
-        raise ValueError(
-            f"no trial within the pick budget of {budget:.2f} ms (reference {ref_ms:.2f} ms){best}: relax "
-            "pick.max_latency_ms / pick.min_speedup and re-run, or raise search.trials and re-run with "
-            "--redo-from search"
+        chosen = pick(study, ctx.cfg.pick)
+    except XSearchError as e:
+        raise XSearchError(
+            f"{e} (reference {ref_ms:.2f} ms): relax pick.max_latency_ms / pick.min_speedup and re-run, or raise "
+            "search.trials and re-run with --redo-from search"
         ) from None
     metric, latency = trial_metric(chosen), trial_latency_ms(chosen)
     ctx.echo(f"  picked trial {chosen.number}: {describe_trial(chosen)} ({metric:.4f}, {latency:.2f} ms; "
@@ -181,24 +170,19 @@ def run_pick_stage(ctx: RunContext, work: Path) -> dict[str, Any]:
 
 # -- 4 train, 5 reference ----------------------------------------------------------------------
 def _train_fully(ctx: RunContext, work: Path, config: dict[str, Any]) -> dict[str, Any]:
-    import torch
-
-    from xsearch.model import build_model, count_parameters
-    from xsearch.search import describe_config
-    from xsearch.training import evaluate, train
+    from xsearch.config import describe_config
+    from xsearch.training.recipe import train_model
 
     t = ctx.cfg.train
-    torch.manual_seed(t.seed)
-    model = build_model(config)
-    ctx.echo(f"  {describe_config(config)}: {count_parameters(model):,} parameters")
-    result = train(model, ctx.task, steps=t.steps, seconds=t.seconds, batch_size=t.batch_size, lr=t.lr, seed=t.seed,
-                   progress=ctx.progress, keep_best=t.keep_best)  # fmt: skip
-    metric = evaluate(model, ctx.task, "test")
-    ctx.save_model(model, work)
-    kept = f" (weights of step {result.best_step}, the best on validation)" if t.keep_best else ""
-    ctx.echo(f"  {result.steps} steps in {result.seconds:.0f} s{kept}; test {_metric_name(ctx)} {metric:.4f}")
-    return {"model": "model", "test_metric": metric, "steps": result.steps, "train_seconds": round(result.seconds, 2),
-            "best_step": result.best_step, "parameters": count_parameters(model),
+    trained = train_model(config, ctx.task, t, progress=ctx.progress)
+    ctx.echo(f"  {describe_config(config)}: {trained.parameters:,} parameters")
+    ctx.save_model(trained.model, work)
+    r = trained.result
+    kept = f" (weights of step {r.best_step}, the best on validation)" if t.keep_best else ""
+    budget = f"{r.steps} steps" + (f" in {r.seconds:.0f} s" if t.seconds is not None else f" ({r.seconds:.0f} s)")
+    ctx.echo(f"  {budget}{kept}; test {_metric_name(ctx)} {trained.test_metric:.4f} (chance {trained.chance:.4f})")
+    return {"model": "model", "test_metric": trained.test_metric, "chance": trained.chance, "steps": r.steps,
+            "train_seconds": round(r.seconds, 2), "best_step": r.best_step, "parameters": trained.parameters,
             "description": describe_config(config)}  # fmt: skip
 
 
@@ -211,7 +195,7 @@ def run_reference_stage(ctx: RunContext, work: Path) -> dict[str, Any]:
 
 
 def _metric_name(ctx: RunContext) -> str:
-    from xsearch.search import metric_name
+    from xsearch.search.study import metric_name
 
     return metric_name(ctx.task.kind)
 
@@ -219,35 +203,21 @@ def _metric_name(ctx: RunContext) -> str:
 # -- 6 compress -------------------------------------------------------------------------------
 def run_compress_stage(ctx: RunContext, work: Path) -> dict[str, Any]:
     """Prune heads and FFN channels of the trained model, then fine-tune it, distilling from the teacher."""
-    import torch
-
-    from xsearch.compress import distill, prune
-    from xsearch.model import count_parameters
-    from xsearch.search import describe_config
-    from xsearch.training import evaluate, train
+    from xsearch.compress.recipe import compress_model
+    from xsearch.config import describe_config
+    from xsearch.training.loop import evaluate
 
     c = ctx.cfg.compress
     model = ctx.load_model("train")
-    before = count_parameters(model)
-    torch.manual_seed(ctx.cfg.train.seed)
-    if c.prune_heads or c.prune_ffn:
-        prune(model, heads=c.prune_heads, ffn=c.prune_ffn, importance=c.importance, task=ctx.task)
-    after = count_parameters(model)
-    ctx.echo(f"  pruned heads {c.prune_heads:.0%}, FFN {c.prune_ffn:.0%}: {before:,} -> {after:,} parameters")
-    if c.finetune_steps:
-        kwargs = dict(batch_size=ctx.cfg.train.batch_size, lr=c.lr, seed=ctx.cfg.train.seed, progress=ctx.progress,
-                      keep_best=ctx.cfg.train.keep_best)  # fmt: skip
-        if c.teacher == "none":
-            train(model, ctx.task, steps=c.finetune_steps, **kwargs)
-        else:
-            teacher = ctx.load_model("reference" if c.teacher == "reference" else "train")
-            distill(model, teacher, ctx.task, steps=c.finetune_steps, temperature=c.temperature, alpha=c.alpha,
-                    **kwargs)  # fmt: skip
+    teacher = None if c.teacher == "none" else ctx.load_model("reference" if c.teacher == "reference" else "train")
+    _, done = compress_model(model, ctx.task, c, teacher=teacher, progress=ctx.progress)
+    ctx.echo(f"  pruned heads {c.prune_heads:.0%}, FFN {c.prune_ffn:.0%}: {done.parameters_before:,} -> "
+             f"{done.parameters:,} parameters")  # fmt: skip
     metric = evaluate(model, ctx.task, "test")
     ctx.save_model(model, work)
     ctx.echo(f"  fine-tuned {c.finetune_steps} steps (teacher: {c.teacher}); test {_metric_name(ctx)} {metric:.4f}")
-    return {"model": "model", "parameters_before": before, "parameters": after, "test_metric": metric,
-            "description": describe_config(model.config.to_dict())}  # fmt: skip
+    return {"model": "model", "parameters_before": done.parameters_before, "parameters": done.parameters,
+            "test_metric": metric, "description": describe_config(model.config.to_dict())}  # fmt: skip
 
 
 # -- 7 export, 8 quantize ----------------------------------------------------------------------
@@ -259,8 +229,10 @@ def run_export_stage(ctx: RunContext, work: Path) -> dict[str, Any]:
     from xsearch.export import to_onnx
 
     out = {}
+    e = ctx.cfg.export
     for filename, stage in EXPORTS.items():
-        report = to_onnx(ctx.load_model(stage), work / filename, task=ctx.task.describe())
+        report = to_onnx(ctx.load_model(stage), work / filename, task=ctx.task.describe(), opset=e.opset,
+                         portable=e.portable)  # fmt: skip
         out[filename] = {"from": stage, "max_abs_diff": report.max_abs_diff, "size_bytes": report.size_bytes}
         ctx.echo(f"  {filename}: {report.size_bytes / 1e6:.2f} MB, parity max |diff| {report.max_abs_diff:.1e}")
     return {"files": out}
@@ -274,7 +246,7 @@ def run_quantize_stage(ctx: RunContext, work: Path) -> dict[str, Any]:
 
     mode = ctx.cfg.export.quantize
     src = ctx.folder("export") / "model.onnx"
-    if mode == "none":
+    if ctx.cfg.export.mode is None:
         shutil.copyfile(src, work / "model.onnx")
         return {"mode": mode, "file": "model.onnx"}
     name = {"dynamic-int8": "model.int8.onnx", "static-int8": "model.int8.onnx", "fp16": "model.fp16.onnx"}[mode]
@@ -286,8 +258,10 @@ def run_quantize_stage(ctx: RunContext, work: Path) -> dict[str, Any]:
 
 # -- 9 verify, 10 summary ----------------------------------------------------------------------
 def deploy_target(target: str) -> str:
-    """The onnxruntime engine an ONNX file is timed on for a search target."""
-    return "ort-cuda" if target.endswith("cuda") else "ort-cpu"
+    """The onnxruntime target an ONNX file is timed on for a search target (the same device)."""
+    from xsearch.latency.target import get_target
+
+    return get_target(target).deployment().name
 
 
 def shipped_path(ctx: RunContext) -> Path:
@@ -296,8 +270,8 @@ def shipped_path(ctx: RunContext) -> Path:
 
 def run_verify_stage(ctx: RunContext, work: Path) -> dict[str, Any]:
     """Test-split metric of each ONNX file through onnxruntime, and their latencies measured interleaved."""
-    from xsearch.latency import measure_interleaved
-    from xsearch.training import evaluate_onnx
+    from xsearch.latency.timing import measure_interleaved
+    from xsearch.training.loop import evaluate_onnx
 
     files = {
         "reference": ctx.folder("export") / "reference.onnx",
@@ -308,6 +282,9 @@ def run_verify_stage(ctx: RunContext, work: Path) -> dict[str, Any]:
     stats = measure_interleaved(files, target, batch=ctx.cfg.batch, seq_len=ctx.seq_len, threads=ctx.cfg.threads,
                                 repeats=ctx.cfg.verify.latency_repeats)  # fmt: skip
     rows = {}
+    chance = ctx.task.chance("test")
+    ctx.echo(f"  chance level ({'unigram model' if ctx.task.kind == 'lm' else 'majority class'}, test split): "
+             f"{_metric_name(ctx)} {chance:.4f}")  # fmt: skip
     for name, path in files.items():
         metric = evaluate_onnx(path, ctx.task, "test", threads=ctx.cfg.threads)
         rows[name] = {"file": str(path.relative_to(ctx.run.root)), "test_metric": metric,
@@ -315,7 +292,7 @@ def run_verify_stage(ctx: RunContext, work: Path) -> dict[str, Any]:
         ctx.echo(f"  {name:9s} {_metric_name(ctx)} {metric:.4f}  {stats[name].median_ms:8.2f} ms  "
                  f"{path.stat().st_size / 1e6:6.2f} MB  ({path.name})")  # fmt: skip
     return {"target": target, "seq_len": ctx.seq_len, "batch": ctx.cfg.batch, "threads": ctx.cfg.threads,
-            "models": rows}  # fmt: skip
+            "chance": chance, "test_size": ctx.task.size("test"), "models": rows}  # fmt: skip
 
 
 def run_summary_stage(ctx: RunContext, work: Path) -> dict[str, Any]:
@@ -333,10 +310,9 @@ STAGES = [
     Stage("pick", run_pick_stage, "pick under the latency budget", depends=("pick",)),
     Stage("train", run_train_stage, "train the picked model fully", depends=("train",)),
     Stage("reference", run_reference_stage, "train the reference Transformer fully", depends=("train",)),
-    Stage("compress", run_compress_stage, "prune and fine-tune with distillation",
-          depends=("compress", "train.seed", "train.batch_size", "train.keep_best")),
-    Stage("export", run_export_stage, "export to ONNX (parity-checked)"),
-    Stage("quantize", run_quantize_stage, "quantize", depends=("export",)),
+    Stage("compress", run_compress_stage, "prune and fine-tune with distillation", depends=("compress",)),
+    Stage("export", run_export_stage, "export to ONNX (parity-checked)", depends=("export.portable", "export.opset")),
+    Stage("quantize", run_quantize_stage, "quantize", depends=("export.quantize",)),
     Stage("verify", run_verify_stage, "verify on onnxruntime: test metric and latency", depends=("verify",)),
     Stage("summary", run_summary_stage, "summary"),
 ]  # fmt: skip

@@ -1,9 +1,15 @@
 """The final summary of ``xsearch run``: the reference Transformer, the searched model and the shipped model
-side by side (``summary.json``, ``summary.md`` and a table in the terminal)."""
+side by side with the task's chance level (``summary.json``, ``summary.md`` and a table in the terminal).
+
+A model that does not beat the chance level by a clear margin (two standard errors of an accuracy at
+chance on the test split, and at least one point) is flagged, with what to raise: a speedup of a model
+that learnt nothing is not a result.
+"""
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -16,10 +22,39 @@ ROWS = (
 )
 
 
+def chance_margin(chance: float, n_test: int, higher_is_better: bool) -> float:
+    """How far past the chance level a metric must be to count as learnt: two standard errors of an accuracy
+    at chance on ``n_test`` examples (at least one point); for bits per byte, 0.05 bits."""
+    if not higher_is_better:
+        return 0.05
+    return max(0.01, 2.0 * math.sqrt(chance * (1.0 - chance) / max(n_test, 1)))
+
+
+def beats_chance(metric: float, chance: float, margin: float, higher_is_better: bool) -> bool:
+    return metric > chance + margin if higher_is_better else metric < chance - margin
+
+
+def chance_warnings(models: dict[str, Any], chance: float, margin: float, higher_is_better: bool, cfg) -> list[str]:
+    """One line per model that does not clearly beat the chance level, saying what to raise."""
+    out = []
+    for name, m in models.items():
+        if beats_chance(m["test_metric"], chance, margin, higher_is_better):
+            continue
+        need = f"> {chance + margin:.4f}" if higher_is_better else f"< {chance - margin:.4f}"
+        budget = (f"train.steps (now {cfg.train.steps})" if cfg.train.steps is not None
+                  else f"train.seconds (now {cfg.train.seconds:g}; better, a step budget: train.steps)")  # fmt: skip
+        search = (f"search.train_steps (now {cfg.search.train_steps})" if cfg.search.train_steps is not None
+                  else f"search.train_seconds (now {cfg.search.train_seconds:g})")  # fmt: skip
+        out.append(f"the {name} model's test {m['metric']} {m['test_metric']:.4f} does not clearly beat the chance "
+                   f"level {chance:.4f} (needs {need}): raise {budget}"
+                   + (f" and {search}" if name != "reference" else "") + ", or train.lr")  # fmt: skip
+    return out
+
+
 def build_summary(ctx) -> dict[str, Any]:
     """Collect the figures of a finished run from its stage results."""
     import xsearch
-    from xsearch.search import metric_name
+    from xsearch.search.study import metric_name
 
     verify = ctx.result("verify")
     pick = ctx.result("pick")
@@ -40,6 +75,11 @@ def build_summary(ctx) -> dict[str, Any]:
         }
     models["shipped"]["quantization"] = quantize["mode"]
     higher_is_better = ctx.task.kind != "lm"
+    chance = verify["chance"]
+    margin = chance_margin(chance, verify["test_size"], higher_is_better)
+    for m in models.values():
+        m["metric"] = metric_name(ctx.task.kind)
+        m["beats_chance"] = beats_chance(m["test_metric"], chance, margin, higher_is_better)
 
     def versus(name: str) -> dict[str, float]:
         a, ref = models[name], models["reference"]
@@ -58,6 +98,10 @@ def build_summary(ctx) -> dict[str, Any]:
         "task": {"name": ctx.task.name, "max_len": ctx.task.max_len},
         "metric": metric_name(ctx.task.kind),
         "higher_is_better": higher_is_better,
+        "chance": chance,
+        "chance_kind": "unigram model" if ctx.task.kind == "lm" else "majority class",
+        "chance_margin": margin,
+        "warnings": chance_warnings(models, chance, margin, higher_is_better, ctx.cfg),
         "target": verify["target"],
         "search_target": ctx.cfg.target,
         "seq_len": verify["seq_len"],
@@ -66,9 +110,16 @@ def build_summary(ctx) -> dict[str, Any]:
         "models": models,
         "searched_vs_reference": versus("searched"),
         "shipped_vs_reference": versus("shipped"),
+        "train_steps": {
+            "search_per_trial": ctx.cfg.search.train_steps,
+            "searched": sources["searched"]["steps"],
+            "reference": sources["reference"]["steps"],
+            "finetune": ctx.cfg.compress.finetune_steps,
+        },
         "search": {
             "space": ctx.cfg.search.space,
             "trials": search["trials"],
+            "duplicates": search.get("duplicates", 0),
             "pareto_front": search["front"],
             "picked_trial": pick["trial"],
             "budget_ms": pick["budget_ms"],
@@ -98,6 +149,17 @@ def _cells(summary: dict[str, Any], name: str) -> list[str]:
     return cells + [f"{v['speedup']:.2f}x", f"{v['smaller']:.2f}x", delta]
 
 
+def _chance_cells(summary: dict[str, Any]) -> list[str] | None:
+    """The table's chance row (None for a summary written before chance levels were recorded)."""
+    if summary.get("chance") is None:
+        return None
+    return [f"{summary['chance']:.4f}"] + ["-"] * (len(_header(summary)) - 2)
+
+
+def _chance_label(summary: dict[str, Any]) -> str:
+    return f"chance ({summary.get('chance_kind', 'majority class')})"
+
+
 def _header(summary: dict[str, Any]) -> list[str]:
     return ["model", f"test {summary['metric']}", "latency ms", "parameters", "file MB", "speedup", "smaller", "delta"]
 
@@ -117,7 +179,13 @@ def summary_markdown(summary: dict[str, Any]) -> str:
     ]
     for name, label in ROWS:
         lines.append(f"| {label} | {s['models'][name]['description']} | " + " | ".join(_cells(s, name)) + " |")
+    if _chance_cells(s):
+        lines.append(f"| {_chance_label(s)} | - | " + " | ".join(_chance_cells(s)) + " |")
     v = s["shipped_vs_reference"]
+    warnings = s.get("warnings") or []
+    if warnings:
+        lines += ["", "**Warning: a model here learnt nothing measurable; its speedup is not a result.**", ""]
+        lines += [f"- {w}" for w in warnings]
     lines += [
         "",
         f"The shipped model ({shipped['quantization']}) is **{v['speedup']:.2f}x faster** and "
@@ -162,6 +230,8 @@ def print_summary(summary: dict[str, Any], console=None) -> None:
         table.add_column(col, justify="left" if i == 0 else "right")
     for name, _ in ROWS:
         table.add_row(name, *_cells(s, name))
+    if _chance_cells(s):
+        table.add_row(_chance_label(s), *_chance_cells(s))
     console.print(table)
     for name, label in ROWS:
         console.print(f"  {name:9s} {s['models'][name]['description']}  ({label})", highlight=False, soft_wrap=True)
@@ -169,3 +239,5 @@ def print_summary(summary: dict[str, Any], console=None) -> None:
     console.print(f"shipped: {s['run']}/{s['models']['shipped']['file']}  ({v['speedup']:.2f}x faster, "
                   f"{v['smaller']:.2f}x smaller)\nsummary: {s['run']}/summary.md   "
                   f"plot: {s['run']}/{s['search']['pareto_png']}", soft_wrap=True, highlight=False)  # fmt: skip
+    for w in s.get("warnings") or []:
+        console.print(f"[bold red]warning:[/] {w}", soft_wrap=True, highlight=False)

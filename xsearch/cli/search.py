@@ -1,0 +1,124 @@
+"""``xsearch search``, ``xsearch report`` and ``xsearch pick``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from xsearch.cli.args import add_settings, add_task_args, checked_task, settings_from_args, task_options
+from xsearch.search.settings import DEFAULT_STORAGE, PickSettings, SearchSettings
+
+
+def register(name: str, p: argparse.ArgumentParser) -> None:
+    if name == "search":
+        add_task_args(p, required=True)
+        add_settings(p.add_argument_group("search"), SearchSettings)
+        p.add_argument("--quiet", action="store_true", help="no progress bar")
+        p.set_defaults(func=cmd_search)
+        return
+    p.add_argument("--storage", default=DEFAULT_STORAGE, metavar="URL", help=f"the study's storage ({DEFAULT_STORAGE})")
+    p.add_argument("--study", default="xsearch", help="study name")
+    if name == "report":
+        p.add_argument("--out", required=True, help="output folder")
+        p.set_defaults(func=cmd_report)
+    else:
+        add_settings(p, PickSettings)
+        p.add_argument("--out", required=True, help="the config JSON to write")
+        p.set_defaults(func=cmd_pick)
+
+
+def cmd_search(args: argparse.Namespace) -> int:
+    from xsearch.search.run import run_search
+
+    name, options = checked_task(args.task, task_options(args))
+    settings = settings_from_args(SearchSettings, args, fixed={"task": name, "task_options": options})
+    study = run_search(settings, progress=not args.quiet)
+    print_front(study)
+    return 0
+
+
+def print_front(study) -> None:
+    """The study's trial states, its pruning, and its Pareto front against the reference and the chance level."""
+    from xsearch.search.study import (
+        describe_trial,
+        pareto_front,
+        reference_trial,
+        state_counts,
+        study_chance,
+        trial_latency_ms,
+        trial_metric,
+    )
+
+    ref = reference_trial(study)
+    front = pareto_front(study)
+    metric = study.user_attrs.get("metric", "metric")
+    print(f"study {study.study_name!r}: " + ", ".join(f"{v} {k}" for k, v in state_counts(study).items()))
+    _print_pruning(study)
+    if not front:
+        print("no feasible completed trial yet")
+        return
+    chance = study_chance(study)
+    level = "" if chance is None else f"; chance level (validation) {chance:.4f}"
+    print(f"Pareto front ({len(front)} trials), against the reference Transformer{level}:")
+    print(f"  {'#':>4s}  {metric:>13s}  {'latency ms':>10s}  {'speedup':>8s}  {'delta':>8s}  architecture")
+    for t in front:
+        value, lat = trial_metric(t), trial_latency_ms(t)
+        speed = f"{trial_latency_ms(ref) / lat:.2f}x" if ref else "-"
+        delta = f"{value - trial_metric(ref):+.4f}" if ref else "-"
+        print(f"  {t.number:4d}  {value:13.4f}  {lat:10.2f}  {speed:>8s}  {delta:>8s}  {describe_trial(t)}")
+    if ref:
+        print(f"  reference #{ref.number}: {metric} {trial_metric(ref):.4f}, {trial_latency_ms(ref):.2f} ms")
+
+
+def _print_pruning(study) -> None:
+    """One line on a budgeted study: trials pruned before training, stopped early, and training steps spent."""
+    trials = study.get_trials(deepcopy=False)
+    reasons = [t.user_attrs.get("pruned", "") for t in trials if t.state.name == "PRUNED"]
+    if not reasons:
+        return
+    budget = sum(r.startswith("over budget") for r in reasons)
+    early = sum(r.startswith("stopped early") for r in reasons)
+    steps = sum(int(t.user_attrs.get("train_steps") or 0) for t in trials)
+    print(f"pruned: {budget} over budget before training, {early} stopped early; {steps} training steps in all")
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from xsearch.search.report import write_report
+    from xsearch.storage import load_study
+
+    study = load_study(args.storage, args.study)
+    write_report(study, args.out)
+    print_front(study)
+    print(f"wrote {args.out}/pareto.html, pareto.png, trials.csv, front.json")
+    return 0
+
+
+def cmd_pick(args: argparse.Namespace) -> int:
+    from xsearch.search.report import pick
+    from xsearch.search.study import describe_trial, trial_latency_ms, trial_metric
+    from xsearch.serialization import atomic_write_text
+    from xsearch.storage import load_study
+
+    settings = settings_from_args(PickSettings, args)
+    out = Path(args.out)
+    if out.is_dir():
+        from xsearch.cli.args import UsageError
+
+        raise UsageError(f"--out {out} is a folder; give the JSON file to write")
+    study = load_study(args.storage, args.study)
+    t = pick(study, settings)
+    value, latency = trial_metric(t), trial_latency_ms(t)
+    doc = {
+        "model": t.user_attrs["model_config"],
+        "trial": t.number,
+        "study": study.study_name,
+        study.user_attrs.get("metric", "metric"): value,
+        "chance": (study.user_attrs.get("chance") or {}).get("valid"),
+        "latency_ms": latency,
+        "task": study.user_attrs.get("task"),
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out, json.dumps(doc, indent=2, default=str))
+    print(f"picked trial {t.number}: {describe_trial(t)} ({value:.4f}, {latency:.2f} ms) -> {out}")
+    return 0
