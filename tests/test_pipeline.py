@@ -301,3 +301,19 @@ def test_killed_run_resumes_without_redoing_or_touching_finished_stages(tmp_path
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 0 and out.count("done earlier") == 10 and "shipped" in out, out
     assert _snapshot(run) == everything
+
+
+def test_a_model_that_does_not_beat_chance_is_flagged_with_what_to_raise():
+    from xsearch.pipeline.summary import beats_chance, chance_margin, chance_warnings
+
+    cfg = load_pipeline_config()
+    margin = chance_margin(0.158, 500, higher_is_better=True)
+    assert margin == pytest.approx(2 * (0.158 * 0.842 / 500) ** 0.5)  # two standard errors at chance
+    models = {"reference": {"test_metric": 0.158, "metric": "accuracy"},
+              "searched": {"test_metric": 0.32, "metric": "accuracy"},
+              "shipped": {"test_metric": 0.17, "metric": "accuracy"}}  # fmt: skip
+    warnings = chance_warnings(models, 0.158, margin, True, cfg)
+    assert len(warnings) == 2 and warnings[0].startswith("the reference model's test accuracy 0.1580 does not clearly")
+    assert f"raise train.steps (now {cfg.train.steps})" in warnings[0] and "search.train_steps" not in warnings[0]
+    assert "the shipped model" in warnings[1] and f"search.train_steps (now {cfg.search.train_steps})" in warnings[1]
+    assert not beats_chance(2.1, 2.0, 0.05, higher_is_better=False) and beats_chance(1.9, 2.0, 0.05, False)

@@ -198,6 +198,11 @@ def summary_markdown(summary: dict[str, Any]) -> str:
         "",
         f"Search: space `{s['search']['space']}`, trials: "
         + ", ".join(f"{n} {state.lower()}" for state, n in sorted(s["search"]["trials"].items()))
+        + (
+            f" ({s['search']['duplicates']} repeating an earlier trial, not trained again)"
+            if s["search"].get("duplicates")
+            else ""
+        )
         + f"; picked trial "
         f"{s['search']['picked_trial']}"
         + (f" under {s['search']['budget_ms']:.2f} ms" if s["search"]["budget_ms"] else "")
@@ -231,10 +236,12 @@ def print_summary(summary: dict[str, Any], console=None) -> None:
     for name, _ in ROWS:
         table.add_row(name, *_cells(s, name))
     if _chance_cells(s):
-        table.add_row(_chance_label(s), *_chance_cells(s))
+        table.add_row("chance", *_chance_cells(s))
     console.print(table)
     for name, label in ROWS:
         console.print(f"  {name:9s} {s['models'][name]['description']}  ({label})", highlight=False, soft_wrap=True)
+    if _chance_cells(s):
+        console.print(f"  {'chance':9s} {s.get('chance_kind', 'majority class')} of the test split", highlight=False)
     v = s["shipped_vs_reference"]
     console.print(f"shipped: {s['run']}/{s['models']['shipped']['file']}  ({v['speedup']:.2f}x faster, "
                   f"{v['smaller']:.2f}x smaller)\nsummary: {s['run']}/summary.md   "
