@@ -39,34 +39,31 @@ def test_every_target_measures_what_it_says_or_refuses_clearly(name, model, tmp_
         with pytest.raises(UnavailableError, match=f"target '{name}' "):
             time_in_rounds({"m": model}, name, seq_len=16, rounds=1, per_round=1)
         return
-    stats = measure(model, name, seq_len=16, batch=2, threads=1, repeats=3, warmup=1)
-    assert stats.target == name and stats.repeats == 3 and 0 < stats.p10_ms <= stats.median_ms <= stats.p90_ms
-    assert stats.device == t.fingerprint(1) and stats.device["threads"] == 1
-    timed = time_in_rounds({"a": model, "b": model}, name, seq_len=16, threads=1, rounds=2, per_round=1, warmup=0)
-    assert set(timed.stats) == {"a", "b"} and len(timed.round_speed) == 2
     prepared = t.prepare(model, tmp_path / "m.onnx")  # what the target times for a torch model
     if t.runs_exported:
         assert prepared == tmp_path / "m.onnx" and prepared.is_file()
-        assert measure(prepared, name, seq_len=16, threads=1, repeats=2).target == name  # a file, timed as it is
     else:
         assert prepared is model
         (tmp_path / "x.onnx").write_bytes(b"")
         with pytest.raises(XSearchError, match="measures a torch model"):
             measure(tmp_path / "x.onnx", name, seq_len=16, repeats=2)
+    stats = measure(prepared, name, seq_len=16, batch=2, threads=1, repeats=3, warmup=1)
+    assert stats.target == name and stats.repeats == 3 and 0 < stats.p10_ms <= stats.median_ms <= stats.p90_ms
+    assert stats.device == t.fingerprint(1) and stats.device["threads"] == 1
+    timed = time_in_rounds({"a": prepared, "b": prepared}, name, seq_len=16, threads=1, rounds=2, per_round=1,
+                           warmup=0)  # fmt: skip
+    assert set(timed.stats) == {"a", "b"} and len(timed.round_speed) == 2 and timed.stats["a"].target == name
     with pytest.raises(XSearchError, match="seq_len=33 exceeds the model's max_len=32"):
-        measure(model, name, seq_len=33, repeats=1)
+        measure(prepared, name, seq_len=33, repeats=1)
     for bad in ({"seq_len": 0}, {"seq_len": 8, "repeats": 0}, {"seq_len": 8, "threads": 0}):
         with pytest.raises(XSearchError, match="must be an integer >= 1"):
-            measure(model, name, **bad)
+            measure(prepared, name, **bad)
 
 
-def test_interleaved_models_may_each_have_their_own_target(model, tmp_path):
-    from xsearch.export import to_onnx
-
-    path = tmp_path / "m.onnx"
-    to_onnx(model, path, check=False)
-    stats = measure_interleaved({"onnx": path, "torch": model}, "ort-cpu", seq_len=16, threads=1, repeats=2,
+def test_a_torch_model_on_an_exporting_target_is_exported_and_models_may_have_their_own_target(model):
+    stats = measure_interleaved({"onnx": model, "torch": model}, "ort-cpu", seq_len=16, threads=1, repeats=2,
                                 targets={"torch": "torch-cpu"})  # fmt: skip
     assert (stats["onnx"].target, stats["torch"].target) == ("ort-cpu", "torch-cpu")
+    path = "m.onnx"
     with pytest.raises(XSearchError, match="targets names models that are not measured: nope"):
-        measure_interleaved({"onnx": path}, "ort-cpu", seq_len=16, targets={"nope": "torch-cpu"})
+        measure_interleaved({"onnx": path}, "ort-cpu", seq_len=16, targets={"nope": "torch-cpu"})  # (checked first)
