@@ -61,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         "compress.prune_heads": args.prune_heads,
         "compress.prune_ffn": args.prune_ffn,
         "compress.finetune_steps": args.finetune_steps,
+        "compress.batch_size": args.batch_size,
         "compress.lr": 0.0005,
         "verify.latency_repeats": 30,
     }

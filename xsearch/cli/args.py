@@ -115,7 +115,20 @@ def add_task_args(p: argparse.ArgumentParser, required: bool) -> None:
     g.add_argument("--test-data", help="text: test JSONL")
     g.add_argument("--max-len", type=int, help="longest sequence (tokens / bytes)")
     g.add_argument("--preset", help="listops: 'lra' for the Long Range Arena setting")
-    g.add_argument("--task-opt", action="append", metavar="KEY=VALUE", help="any other task option")
+    g.add_argument(
+        "--task-opt", action="append", metavar="KEY=VALUE", help=f"any other task option ({_task_option_names()})"
+    )
+
+
+def _task_option_names() -> str:
+    """Each task's options, from their declarations: ``listops: n_train, ...; text: ...``."""
+    import dataclasses
+
+    from xsearch.tasks.options import TASK_OPTIONS
+
+    return "; ".join(
+        f"{name}: {', '.join(f.name for f in dataclasses.fields(cls))}" for name, cls in TASK_OPTIONS.items()
+    )
 
 
 def task_options(args: argparse.Namespace, task: str | None = None) -> dict[str, Any]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import socket
@@ -16,6 +17,8 @@ from xsearch.search.sampling import report_every
 from xsearch.search.settings import SearchSettings
 from xsearch.search.study import constraints, metric_name
 from xsearch.search.workers import SURPLUS, within_total
+
+log = logging.getLogger("xsearch.search")
 
 #: ``user_attrs`` a duplicate copies from the trial it repeats (with ``duplicate_of`` naming it).
 COPIED_ATTRS = ("n_parameters", "latency", "device", "latency_predicted_ms", "accuracy", "bits_per_byte", "pruned")
@@ -82,6 +85,7 @@ class Objective:
         except Exception as e:
             trial.set_user_attr("error", f"{type(e).__name__}: {e}"[:2000])
             trial.set_user_attr("error_is_user", isinstance(e, XSearchError))
+            log.debug("trial %d failed", trial.number, exc_info=True)  # (-v shows where)
             raise
 
     def _run(self, trial: optuna.Trial, trials) -> float | tuple[float, float]:

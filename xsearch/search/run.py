@@ -60,7 +60,9 @@ def run_search(settings: SearchSettings, *, progress: bool = True) -> optuna.Stu
     from xsearch.storage import open_storage
     from xsearch.tasks import check_task_options, get_task
 
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    # Errors only: a failed trial is one line of the search's own (its reason in user_attrs["error"]), not
+    # Optuna's warning with a whole traceback per trial.
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
     load_space(settings.space)
     check_task_options(settings.task, settings.task_options)
     open_storage(settings.storage)  # reachable, before the (slower) task is built
