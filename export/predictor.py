@@ -70,7 +70,7 @@ class Predictor:
         opts.log_severity_level = 3  # errors only: a deployment host wants no onnxruntime chatter on stderr
         if threads is not None:
             if threads <= 0:
-                raise ValueError(f"threads must be > 0, got {threads}")
+                raise XSearchError(f"threads must be > 0, got {threads}")
             opts.intra_op_num_threads = threads
         opts.inter_op_num_threads = 1
         try:
@@ -99,22 +99,22 @@ class Predictor:
         """
         ids = np.asarray(input_ids)
         if ids.ndim != 2:
-            raise ValueError(f"input_ids must be 2-D [batch, seq], got shape {ids.shape}")
+            raise XSearchError(f"input_ids must be 2-D [batch, seq], got shape {ids.shape}")
         if ids.dtype != np.int64:
-            raise ValueError(f"input_ids must be int64, got {ids.dtype}")
+            raise XSearchError(f"input_ids must be int64, got {ids.dtype}")
         if ids.shape[0] == 0 or ids.shape[1] == 0:
-            raise ValueError(f"empty batch: input_ids has shape {ids.shape}")
+            raise XSearchError(f"empty batch: input_ids has shape {ids.shape}")
         if ids.shape[1] > self.max_len:
-            raise ValueError(f"sequence length {ids.shape[1]} exceeds max_len={self.max_len}")
+            raise XSearchError(f"sequence length {ids.shape[1]} exceeds max_len={self.max_len}")
         if ids.min() < 0 or ids.max() >= self.vocab_size:
-            raise ValueError(f"token ids must be in [0, {self.vocab_size}), got min {ids.min()}, max {ids.max()}")
+            raise XSearchError(f"token ids must be in [0, {self.vocab_size}), got min {ids.min()}, max {ids.max()}")
         m = (ids != 0) if mask is None else np.asarray(mask)
         if m.dtype != np.bool_:
-            raise ValueError(f"mask must be bool, got {m.dtype}")
+            raise XSearchError(f"mask must be bool, got {m.dtype}")
         if m.shape != ids.shape:
-            raise ValueError(f"mask shape {m.shape} != input_ids shape {ids.shape}")
+            raise XSearchError(f"mask shape {m.shape} != input_ids shape {ids.shape}")
         if not m.any(axis=1).all():
-            raise ValueError("every row needs at least one real (unmasked) token")
+            raise XSearchError("every row needs at least one real (unmasked) token")
         return self.session.run([OUTPUT], {INPUTS[0]: ids, INPUTS[1]: m})[0]
 
     def encode(self, inputs: list[Any], *, truncate: bool = False) -> tuple[np.ndarray, np.ndarray]:
@@ -126,22 +126,22 @@ class Predictor:
                 the encoding, or an input over ``max_len`` without ``truncate``.
         """
         if not isinstance(inputs, (list, tuple)) or len(inputs) == 0:
-            raise ValueError("predict needs a non-empty list of inputs")
+            raise XSearchError("predict needs a non-empty list of inputs")
         seqs = []
         for i, item in enumerate(inputs):
             if isinstance(item, (str, bytes)):
                 if self.encoding is None:
-                    raise ValueError(f"{self.path} has no encoding in its metadata; pass token-id lists")
+                    raise XSearchError(f"{self.path} has no encoding in its metadata; pass token-id lists")
                 ids = self.encoding.encode(item)
             elif isinstance(item, (list, tuple)):
                 ids = self._token_ids(i, item)
             else:
-                raise ValueError(f"input {i} must be a string or a list of token ids, got {type(item).__name__}")
+                raise XSearchError(f"input {i} must be a string or a list of token ids, got {type(item).__name__}")
             if not ids:
-                raise ValueError(f"input {i} is empty")
+                raise XSearchError(f"input {i} is empty")
             if len(ids) > self.max_len:
                 if not truncate:
-                    raise ValueError(
+                    raise XSearchError(
                         f"input {i} has {len(ids)} tokens, more than max_len={self.max_len} (pass truncate=True)"
                     )
                 ids = ids[-self.max_len :] if self.kind == "lm" else ids[: self.max_len]
@@ -159,13 +159,13 @@ class Predictor:
         ids = []
         for j, t in enumerate(item):
             if isinstance(t, (bool, np.bool_)) or not isinstance(t, (int, np.integer)):
-                raise ValueError(
+                raise XSearchError(
                     f"input {i} must be a string or a list of token ids, but its token {j} is a {type(t).__name__}"
                 )
             t = int(t)
             if not 0 <= t < self.vocab_size:
                 shown = str(t) if abs(t) < 10**12 else f"of about {int(t.bit_length() * 0.30103) + 1} digits"
-                raise ValueError(f"input {i}: token id {shown} (token {j}) is outside [0, {self.vocab_size})")
+                raise XSearchError(f"input {i}: token id {shown} (token {j}) is outside [0, {self.vocab_size})")
             ids.append(t)
         return ids
 
@@ -178,7 +178,10 @@ class Predictor:
         next token after each input (with the ``top_k`` distribution head).
         """
         if not isinstance(inputs, (list, tuple)) or len(inputs) == 0:
-            raise ValueError("predict needs a non-empty list of inputs")
+            raise XSearchError("predict needs a non-empty list of inputs")
+        for name, value in (("top_k", top_k), ("batch_size", batch_size)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise XSearchError(f"{name} must be an integer >= 1, got {value!r}")
         out: list[Prediction] = []
         for start in range(0, len(inputs), batch_size):
             ids, mask = self.encode(list(inputs[start : start + batch_size]), truncate=truncate)

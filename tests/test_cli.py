@@ -165,6 +165,8 @@ def test_bad_files_and_mismatched_models_are_one_line(tmp_path, capsys, tiny):
     bad = tmp_path / "bad.jsonl"
     bad.write_bytes(b'"[MAX 1 2 ]"\n"\xff\xfe"\n')
     _one_line_error(capsys, ["predict", str(tiny / "m.onnx"), "--input", str(bad)], "bad.jsonl:2")
+    bad.write_text('"[MAX 1 2 ]"\n[true, 2]\n')
+    _one_line_error(capsys, ["predict", str(tiny / "m.onnx"), "--input", str(bad)], "input 1 must be a string or")
 
 
 def test_a_bug_is_exit_1_with_the_traceback_kept(tmp_path, capsys, monkeypatch):

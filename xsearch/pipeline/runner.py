@@ -159,7 +159,7 @@ class RunFolder:
                 log(f"[{i}/{total}] {stage.title}: done earlier ({final})")
                 continue
             if final.exists():  # a finished folder has stage.json; anything else is not ours to trust
-                raise RuntimeError(f"{final} exists but has no {STAGE_FILE}; move it away and re-run")
+                raise XSearchError(f"{final} exists but has no {STAGE_FILE}; move it away and re-run")
             work = final.with_name(final.name + ".partial")
             if work.exists() and not stage.resumes:
                 shutil.rmtree(work)

@@ -89,7 +89,7 @@ def evaluate_expression(expression: str | list[str]) -> int:
     """Value of a ListOps expression (a stack machine over the tokens).
 
     Raises:
-        ValueError: a malformed expression (unknown token, unbalanced brackets, empty operator).
+        XSearchError: a malformed expression (unknown token, unbalanced brackets, empty operator).
     """
     tokens = expression.split() if isinstance(expression, str) else list(expression)
     stack: list[tuple[str, list[int]]] = []
@@ -99,10 +99,10 @@ def evaluate_expression(expression: str | list[str]) -> int:
             stack.append((tok, []))
         elif tok == CLOSE:
             if not stack:
-                raise ValueError(f"unbalanced ']' in ListOps expression {' '.join(tokens)[:80]!r}")
+                raise XSearchError(f"unbalanced ']' in ListOps expression {' '.join(tokens)[:80]!r}")
             op, args = stack.pop()
             if not args:
-                raise ValueError(f"operator {op} without arguments")
+                raise XSearchError(f"operator {op} without arguments")
             value = _apply(op, args)
             if stack:
                 stack[-1][1].append(value)
@@ -114,9 +114,9 @@ def evaluate_expression(expression: str | list[str]) -> int:
             else:
                 result = int(tok)
         else:
-            raise ValueError(f"unknown ListOps token {tok!r}")
+            raise XSearchError(f"unknown ListOps token {tok!r}")
     if stack or result is None:
-        raise ValueError(f"incomplete ListOps expression {' '.join(tokens)[:80]!r}")
+        raise XSearchError(f"incomplete ListOps expression {' '.join(tokens)[:80]!r}")
     return result
 
 
