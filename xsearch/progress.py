@@ -6,7 +6,6 @@ Shared by the search and the latency sweep; each says what its line holds (``lin
 from __future__ import annotations
 
 import logging
-import time
 
 import optuna
 
@@ -25,7 +24,6 @@ class StudyProgress:
 
     def __init__(self, study: optuna.Study, total: int, show: bool, label: str) -> None:
         self.total, self.show, self.label = total, show, label
-        self.start = time.perf_counter()
         self.progress = None
         self.task_id = None
         self.complete = complete_trials(study)

@@ -75,14 +75,6 @@ def same_as(cls: type, name: str, default: Any = _NO_DEFAULT, **changes: Any) ->
     return dataclasses.field(default=default, metadata=meta)
 
 
-def choices_of(cls: type, name: str) -> tuple[Any, ...] | None:
-    """The valid values of field ``name`` of ``cls`` (None when any value of its type is valid)."""
-    choices = _field(cls, name).metadata.get("choices")
-    if callable(choices):
-        choices = choices()
-    return None if choices is None else tuple(choices)
-
-
 def _field(cls: type, name: str) -> dataclasses.Field:
     for f in dataclasses.fields(cls):
         if f.name == name:
@@ -122,7 +114,7 @@ def _hints(cls: type) -> dict[str, Any]:
 
 
 def type_of(cls: type, name: str) -> Any:
-    """The annotated type of field ``name`` (``Optional`` stripped) and whether it may be None."""
+    """The annotated type of field ``name`` of ``cls`` (``base_type`` strips an ``Optional``)."""
     return _hints(cls)[name]
 
 
@@ -163,7 +155,7 @@ def coerce(tp: Any, value: Any, name: str) -> Any:
             raise SettingError(name, "{0} must be a list, got " + _show(value))
         (item,) = typing.get_args(inner)[:1] or (Any,)
         return [coerce(item, v, f"{name}[{i}]") for i, v in enumerate(value)]
-    number = not isinstance(value, (bool, np_bool_types()))
+    number = not isinstance(value, bool)  # (numpy's bool is no numbers.Integral either)
     ok = {
         int: number and isinstance(value, numbers.Integral),
         float: number and isinstance(value, numbers.Real),
@@ -175,14 +167,6 @@ def coerce(tp: Any, value: Any, name: str) -> Any:
     if not ok:
         raise SettingError(name, "{0} must be " + _describe(inner) + ", got " + _show(value))
     return {int: int, float: float}.get(inner, lambda v: v)(value)
-
-
-def np_bool_types() -> tuple[type, ...]:
-    """numpy's bool type when numpy is loaded (``np.bool_`` is no ``numbers.Integral``, but be sure)."""
-    import sys
-
-    np = sys.modules.get("numpy")
-    return (np.bool_,) if np is not None else ()
 
 
 def _describe(tp: Any) -> str:

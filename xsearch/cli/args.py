@@ -86,7 +86,6 @@ def settings_from_args(
     *,
     fixed: Mapping[str, Any] | None = None,
     defaults: Mapping[str, Any] | None = None,
-    names: Mapping[str, str] | None = None,
 ):
     """An instance of ``cls`` from the flags ``add_settings`` made (those given), ``defaults`` and ``fixed``.
 
@@ -98,7 +97,7 @@ def settings_from_args(
         value = getattr(args, f.name, None)
         if value is not None:
             given[f.name] = value
-    flags = {f.name: flag_of(f) for f in dataclasses.fields(cls)} | dict(names or {})
+    flags = {f.name: flag_of(f) for f in dataclasses.fields(cls)}
     try:
         return cls(**{**dict(defaults or {}), **given, **dict(fixed or {})})
     except SettingError as e:
@@ -122,8 +121,6 @@ def add_task_args(p: argparse.ArgumentParser, required: bool) -> None:
 
 def _task_option_names() -> str:
     """Each task's options, from their declarations: ``listops: n_train, ...; text: ...``."""
-    import dataclasses
-
     from xsearch.tasks.options import TASK_OPTIONS
 
     return "; ".join(

@@ -51,14 +51,14 @@ def cmd_export(args: argparse.Namespace) -> int:
     from xsearch.serialization import load_model, load_task_info
 
     settings = settings_from_args(ExportSettings, args)
+    if args.int8 and args.fp16:
+        raise UsageError("--int8 and --fp16 contradict each other")
     mode = settings.mode
     for flag, alias in (("--int8", "dynamic-int8"), ("--fp16", "fp16")):
         if getattr(args, flag[2:]):
             if mode not in (None, alias):
                 raise UsageError(f"{flag} and --quantize {mode} contradict each other")
             mode = alias
-    if args.int8 and args.fp16:
-        raise UsageError("--int8 and --fp16 contradict each other")
     out = Path(args.out)
     if out.suffix != ".onnx":
         raise UsageError(f"--out must end in .onnx, got {out}")

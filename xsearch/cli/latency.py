@@ -69,7 +69,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     settings = settings_from_args(SweepSettings, args, fixed={"task": name, "task_options": options})
     study = run_sweep(settings, progress=not args.quiet)
     print(f"study {study.study_name!r}: " + ", ".join(f"{v} {k}" for k, v in state_counts(study).items()))
-    print(f"fit a predictor: xsearch latency fit --storage {args.storage or settings.storage} --study "
+    print(f"fit a predictor: xsearch latency fit --storage {settings.storage} --study "
           f"{settings.study} --out predictor.json")  # fmt: skip
     return 0
 

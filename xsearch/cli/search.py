@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from xsearch.cli.args import add_settings, add_task_args, checked_task, settings_from_args, task_options
+from xsearch.cli.args import UsageError, add_settings, add_task_args, checked_task, settings_from_args, task_options
 from xsearch.search.settings import DEFAULT_STORAGE, PickSettings, SearchSettings
 
 
@@ -103,8 +103,6 @@ def cmd_pick(args: argparse.Namespace) -> int:
     settings = settings_from_args(PickSettings, args)
     out = Path(args.out)
     if out.is_dir():
-        from xsearch.cli.args import UsageError
-
         raise UsageError(f"--out {out} is a folder; give the JSON file to write")
     study = load_study(args.storage, args.study)
     t = pick(study, settings)

@@ -23,7 +23,7 @@ _LAZY = by_module(
         "xsearch.latency.sweep": "SweepSettings run_sweep",
     }
 )
-__all__ = [  # noqa: RUF022 (the eager names, then the lazy ones)
+__all__ = [  # the eager names, then the lazy ones
     "LatencyStats",
     "Target",
     "find_target",

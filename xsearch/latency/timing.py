@@ -64,10 +64,17 @@ def measure(
 
 
 def measure_undisturbed(
-    model_or_onnx_path, target: str | Target = "ort-cpu", *, patience: float = 60.0, **options: Any
+    model_or_onnx_path,
+    target: str | Target = "ort-cpu",
+    *,
+    batch: int = 1,
+    seq_len: int,
+    threads: int | None = None,
+    warmup: int = 3,
+    repeats: int = 20,
+    patience: float = 60.0,
 ) -> tuple[LatencyStats, int]:
-    """``measure`` (with its keyword ``options``), keeping only runs that other processes did not slow
-    down, where it can tell.
+    """``measure``, keeping only runs that other processes did not slow down, where it can tell.
 
     On a shared machine a run is slowed when this process's threads are ready to run but wait
     for a CPU held by another process; Linux counts that wait per thread (``schedstat``). Runs
@@ -79,10 +86,6 @@ def measure_undisturbed(
         ``(stats, disturbed)``: ``disturbed`` is how many of the kept runs were slowed down (0
         when all were clean, or when the wait cannot be read, as off Linux or with ``patience=0``).
     """
-    sizes = {"batch": 1, "threads": None, "warmup": 3, "repeats": 20, **options}
-    if "seq_len" not in sizes or set(sizes) - {"batch", "seq_len", "threads", "warmup", "repeats"}:
-        raise TypeError(f"measure_undisturbed() takes measure()'s options, got {sorted(options)}")
-    batch, seq_len, threads, warmup, repeats = (sizes[k] for k in ("batch", "seq_len", "threads", "warmup", "repeats"))
     t = get_target(target)
     with contextlib.ExitStack() as stack:
         run = open_runner(stack, model_or_onnx_path, t, batch, seq_len, threads, warmup, repeats)

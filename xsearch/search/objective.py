@@ -33,9 +33,9 @@ def constrain(trial: optuna.Trial, name: str, value: float) -> None:
     trial.set_user_attr("constraints", shown)
 
 
-def config_key(config: dict[str, Any]) -> str:
-    """An architecture's identity: its whole ``ModelConfig`` (as stored in ``user_attrs``), as a string."""
-    return json.dumps(config, sort_keys=True)
+def as_stored(config: dict[str, Any]) -> dict[str, Any]:
+    """A ``ModelConfig`` dict as the storage gives it back (JSON types), so configs compare with ``==``."""
+    return json.loads(json.dumps(config))
 
 
 class Objective:
@@ -116,14 +116,14 @@ class Objective:
     @staticmethod
     def _finished_twin(trials, number: int, config: dict[str, Any]) -> optuna.trial.FrozenTrial | None:
         """The first finished trial with the same architecture: COMPLETE, or PRUNED for being over a budget."""
-        key = config_key(config)
+        config = as_stored(config)
         for t in trials:
             if t.number == number or t.user_attrs.get("model_config") is None:
                 continue
             done = t.state == optuna.trial.TrialState.COMPLETE or (
                 t.state == optuna.trial.TrialState.PRUNED and str(t.user_attrs.get("pruned", "")).startswith("over")
             )
-            if done and config_key(t.user_attrs["model_config"]) == key:
+            if done and t.user_attrs["model_config"] == config:
                 return t
         return None
 
