@@ -3,9 +3,11 @@
 Heads are removed through the shared projection names (``q_proj``/``k_proj``/``v_proj`` rows,
 ``out_proj`` columns) and each variant's ``prune_head_params`` hook, which slices what else is
 tied to the head count (routing centroids, Reformer rotations, Transformer-XL biases, Set
-Transformer's inducing projections, ...). The same number of heads is kept in every layer (so
-one ``n_heads`` describes the model); FFN widths may differ per layer and are recorded in
-``ModelConfig.ffn_dims``. The pruned model saves, loads and exports like any other.
+Transformer's inducing projections, ...). A uniform model keeps the same number of heads in
+every layer (so one ``n_heads`` describes it) and records its FFN widths, which may differ per
+layer, in ``ModelConfig.ffn_dims``; a per-layer model (``ModelConfig.layers``) loses the same
+fraction of each layer's heads and records each layer's heads and width in its entry. The
+pruned model saves, loads and exports like any other.
 
 Why not torch-pruning's DepGraph: it infers coupling by tracing ops, and the variants' gathers,
 sorts, block reshapes and tied weights hide the head structure from it (FIELD_NOTES); an
@@ -82,7 +84,7 @@ def prune(
     batches: int = 8,
     batch_size: int = 32,
 ):
-    """Remove the least important fraction ``heads`` of attention heads and ``ffn`` of FFN channels.
+    """Remove the least important fraction ``heads`` of each layer's attention heads and ``ffn`` of FFN channels.
 
     Args:
         model: an ``XSearchModel`` (changed in place and returned).
@@ -93,7 +95,8 @@ def prune(
         task: the ``Task`` for ``"taylor"``.
 
     Returns:
-        The model, with ``model.config.n_heads`` and ``model.config.ffn_dims`` updated.
+        The model, with ``model.config.n_heads`` and ``model.config.ffn_dims`` (or, for a
+        per-layer model, each ``model.config.layers`` entry's ``n_heads`` and ``d_ff``) updated.
     """
     if importance not in IMPORTANCE:
         raise XSearchError(f"unknown importance {importance!r}; valid: {', '.join(IMPORTANCE)}")
@@ -105,20 +108,22 @@ def prune(
             raise XSearchError("prune(importance='taylor') needs task=")
         _grad_scores(model, task, batches, batch_size)
     cfg = model.config
-    attns = _unique(block.attn for block in model.blocks)
     ffns = _unique(block.ffn for block in model.blocks)
-    n_keep = max(1, cfg.n_heads - math.floor(cfg.n_heads * heads + 1e-9))
     with torch.no_grad():
-        if n_keep < cfg.n_heads:
-            for attn in attns:
-                keep = torch.topk(head_importance(attn, importance), n_keep).indices
-                attn.prune_heads(keep)
+        for attn in _unique(block.attn for block in model.blocks):
+            n_keep = max(1, attn.n_heads - math.floor(attn.n_heads * heads + 1e-9))
+            if n_keep < attn.n_heads:
+                attn.prune_heads(torch.topk(head_importance(attn, importance), n_keep).indices)
         for f in ffns:
             width = f.fc1.out_features
             c_keep = max(1, width - math.floor(width * ffn + 1e-9))
             if c_keep < width:
                 f.prune_channels(torch.topk(channel_importance(f, importance), c_keep).indices)
     model.zero_grad(set_to_none=True)
-    cfg.n_heads = n_keep
-    cfg.ffn_dims = [layer.ffn.fc1.out_features for layer in model.layers()]
+    if cfg.layers is not None:
+        for entry, layer in zip(cfg.layers, model.layers(), strict=True):
+            entry["n_heads"], entry["d_ff"] = layer.attn.n_heads, layer.ffn.fc1.out_features
+    else:
+        cfg.n_heads = model.layers()[0].attn.n_heads
+        cfg.ffn_dims = [layer.ffn.fc1.out_features for layer in model.layers()]
     return model

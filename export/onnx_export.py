@@ -17,6 +17,7 @@ import onnx
 import torch
 
 from xsearch.attention import standard_ops_only
+from xsearch.config import describe_config
 from xsearch.errors import XSearchError
 from xsearch.export.contrib_ops import custom_translations
 from xsearch.export.errors import ExportParityError
@@ -212,7 +213,7 @@ def check_parity(
             diff = float(np.max(np.abs(got - expected))) if got.size else 0.0
             if not np.isfinite(diff) or diff > tolerance:
                 raise ExportParityError(
-                    f"ONNX export of attention {cfg.attention!r} differs from torch by {diff:.3g} "
+                    f"ONNX export of {describe_config(cfg)} differs from torch by {diff:.3g} "
                     f"(tolerance {tolerance:g}) at batch {batch}, length {n}",
                     max_abs_diff=diff,
                     tolerance=tolerance,

@@ -18,7 +18,7 @@ log = logging.getLogger("xsearch.search")
 
 PACKAGE = "xsearch.search_spaces"  # where the shipped .yaml files live
 MODEL_KEYS = {"d_model", "n_layers", "n_heads", "ffn_ratio", "weight_sharing", "pos_encoding", "dropout"}
-TOP_KEYS = {"name", "description", "reference", "model", "attention"}
+TOP_KEYS = {"name", "description", "reference", "model", "attention", "per_layer"}
 # What the vanilla Transformer uses where a space's reference does not say.
 REFERENCE_DEFAULTS = {"weight_sharing": "none", "ffn_ratio": 4, "pos_encoding": "sinusoidal", "dropout": 0.0}
 
@@ -28,7 +28,7 @@ def list_spaces() -> list[str]:
     return sorted(p.name[:-5] for p in resources.files(PACKAGE).iterdir() if p.name.endswith(".yaml"))
 
 
-def _read(name_or_path: str | Path) -> tuple[str, Any]:
+def _read(name_or_path: str | Path) -> tuple[str, str]:
     path = Path(name_or_path)
     if path.suffix in (".yaml", ".yml") or path.exists():
         if not path.is_file():
@@ -41,8 +41,12 @@ def _read(name_or_path: str | Path) -> tuple[str, Any]:
             )
         text = resources.files(PACKAGE).joinpath(f"{name_or_path}.yaml").read_text(encoding="utf-8")
         source = f"{name_or_path}.yaml"
+    return source, text
+
+
+def _parse(source: str, text: str) -> Any:
     try:
-        return source, yaml.safe_load(text)
+        return yaml.safe_load(text)
     except yaml.YAMLError as e:
         raise SpaceError(f"{source}: malformed YAML ({e})") from None
 
@@ -59,9 +63,15 @@ def load_space(name_or_path: str | Path, *, causal: bool | None = None, max_len:
     Raises:
         SpaceError: a malformed file, with the key and value at fault.
     """
+    source, text = _read(name_or_path)
+    return space_from_yaml(text, source=source, causal=causal, max_len=max_len)
+
+
+def space_from_yaml(text: str, *, source: str = "<yaml>", causal: bool | None = None, max_len: int | None = None):
+    """``load_space`` of a space's YAML text (``SearchSpace.to_yaml()``; a supernet keeps its space so)."""
     from xsearch.attention import attention_spec, build_attention, list_attentions
 
-    source, doc = _read(name_or_path)
+    doc = _parse(source, text)
     if not isinstance(doc, dict):
         raise SpaceError(f"{source}: expected a mapping at the top level")
     unknown = sorted(set(doc) - TOP_KEYS)
@@ -70,6 +80,9 @@ def load_space(name_or_path: str | Path, *, causal: bool | None = None, max_len:
     for key in ("model", "attention"):
         if not isinstance(doc.get(key), dict) or not doc[key]:
             raise SpaceError(f"{source}: '{key}' must be a non-empty mapping")
+    per_layer = doc.get("per_layer", False)
+    if not isinstance(per_layer, bool):
+        raise SpaceError(f"{source}: per_layer must be true or false, got {per_layer!r}")
     model = {}
     for key, raw in doc["model"].items():
         if key not in MODEL_KEYS:
@@ -89,6 +102,12 @@ def load_space(name_or_path: str | Path, *, causal: bool | None = None, max_len:
     for d, h in itertools.product(model["d_model"].values(), model["n_heads"].values()):
         if d % h:
             raise SpaceError(f"{source}: model.d_model {d} is not divisible by model.n_heads {h}")
+    sharing = model.get("weight_sharing")
+    if per_layer and sharing is not None and sharing.values() != ["none"]:
+        raise SpaceError(
+            f"{source}: model.weight_sharing {sharing.to_yaml()!r} in a per_layer space "
+            "(layers that differ share nothing: leave it out or set it to none)"
+        )
 
     attention: dict[str, dict[str, Dim]] = {}
     excluded: dict[str, str] = {}
@@ -158,6 +177,7 @@ def load_space(name_or_path: str | Path, *, causal: bool | None = None, max_len:
         reference=reference,
         description=str(doc.get("description", "")),
         excluded=excluded,
+        per_layer=per_layer,
     )
 
 

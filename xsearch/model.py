@@ -84,26 +84,26 @@ class XSearchModel(nn.Module):
         self.head = nn.Linear(c.d_model, out)
 
     def _build_blocks(self, c: ModelConfig) -> list[Block]:
-        def attn() -> nn.Module:
+        def attn(layer: dict) -> nn.Module:
             return build_attention(
-                c.attention,
+                layer["attention"],
                 c.d_model,
-                c.n_heads,
+                layer["n_heads"],
                 causal=c.causal,
                 max_len=c.max_len,
                 dropout=c.dropout,
-                head_dim=c.head_dim,
-                **c.attention_params,
+                head_dim=layer["head_dim"],
+                **layer["attention_params"],
             )
 
-        dims = c.ffn_dims or [c.d_ff] * c.n_layers
+        layers = c.layer_configs()
         if c.weight_sharing == "all":
-            return [Block(c.d_model, attn(), FeedForward(c.d_model, dims[0], c.dropout))]
-        shared_attn = attn() if c.weight_sharing == "attention" else None
-        shared_ffn = FeedForward(c.d_model, dims[0], c.dropout) if c.weight_sharing == "ffn" else None
+            return [Block(c.d_model, attn(layers[0]), FeedForward(c.d_model, layers[0]["d_ff"], c.dropout))]
+        shared_attn = attn(layers[0]) if c.weight_sharing == "attention" else None
+        shared_ffn = FeedForward(c.d_model, layers[0]["d_ff"], c.dropout) if c.weight_sharing == "ffn" else None
         return [
-            Block(c.d_model, shared_attn or attn(), shared_ffn or FeedForward(c.d_model, dims[i], c.dropout))
-            for i in range(c.n_layers)
+            Block(c.d_model, shared_attn or attn(layer), shared_ffn or FeedForward(c.d_model, layer["d_ff"], c.dropout))
+            for layer in layers
         ]
 
     def layers(self) -> list[Block]:

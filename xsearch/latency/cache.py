@@ -23,7 +23,8 @@ def default_cache_path() -> Path:
 
 def cache_key(config: dict[str, Any], target: str, batch: int, seq_len: int, device: dict[str, Any]) -> str:
     """Stable hash of what determines a latency (not the weights' values)."""
-    arch = {k: v for k, v in config.items() if k != "dropout"}
+    # (a uniform config's "layers": None is left out, so keys from before per-layer models still hit)
+    arch = {k: v for k, v in config.items() if k != "dropout" and not (k == "layers" and v is None)}
     doc = {"arch": arch, "target": target, "batch": batch, "seq_len": seq_len, "device": device}
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:32]
 

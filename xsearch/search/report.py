@@ -25,6 +25,29 @@ from xsearch.search.study import (
 from xsearch.serialization import atomic_write_text
 
 
+def _architecture_columns(cfg: dict[str, Any], attention: str) -> dict[str, Any]:
+    """attention, attention_params, d_model, n_layers, n_heads, d_ff; a per-layer config's joined by "/"."""
+    layers = cfg.get("layers")
+    if not layers or all(entry == layers[0] for entry in layers[1:]):
+        uniform = {**cfg, **(layers[0] if layers else {})}
+        return {
+            "attention": uniform.get("attention", attention),
+            "attention_params": json.dumps(uniform.get("attention_params", {}), sort_keys=True),
+            "d_model": cfg.get("d_model", ""),
+            "n_layers": cfg.get("n_layers", ""),
+            "n_heads": uniform.get("n_heads", ""),
+            "d_ff": uniform.get("d_ff", ""),
+        }
+    return {
+        "attention": "/".join(entry["attention"] for entry in layers),
+        "attention_params": json.dumps([entry["attention_params"] for entry in layers], sort_keys=True),
+        "d_model": cfg.get("d_model", ""),
+        "n_layers": cfg.get("n_layers", ""),
+        "n_heads": "/".join(str(entry["n_heads"]) for entry in layers),
+        "d_ff": "/".join(str(entry["d_ff"]) for entry in layers),
+    }
+
+
 def _row(t: optuna.trial.FrozenTrial, ref: optuna.trial.FrozenTrial | None, chance: float | None) -> dict[str, Any]:
     cfg = t.user_attrs.get("model_config") or {}
     lat = trial_latency_ms(t)
@@ -34,12 +57,7 @@ def _row(t: optuna.trial.FrozenTrial, ref: optuna.trial.FrozenTrial | None, chan
         "state": t.state.name,
         "reference": bool(t.user_attrs.get("reference")),
         "feasible": is_feasible(t) if complete else "",
-        "attention": cfg.get("attention", t.params.get("attention", "")),
-        "attention_params": json.dumps(cfg.get("attention_params", {}), sort_keys=True),
-        "d_model": cfg.get("d_model", ""),
-        "n_layers": cfg.get("n_layers", ""),
-        "n_heads": cfg.get("n_heads", ""),
-        "d_ff": cfg.get("d_ff", ""),
+        **_architecture_columns(cfg, t.params.get("attention", "")),
         "weight_sharing": cfg.get("weight_sharing", ""),
         "n_parameters": t.user_attrs.get("n_parameters", ""),
         "metric": trial_metric(t) if complete else "",

@@ -48,10 +48,12 @@ def architecture_features(config, seq_len: int, batch: int = 1) -> dict[str, flo
         batch: sequences per call.
 
     Returns:
-        Feature name -> value: ``attention=<name>`` (0/1 for every registered variant), the
-        variant's parameters as ``attention.<name>.<param>`` (integers as ``log2(1 + v)``,
-        booleans 0/1, strings one-hot as ``attention.<name>.<param>=<value>``), ``log2_*``
-        sizes (d_model, n_layers, n_heads, head_dim, d_ff as the mean of the real FFN widths,
+        Feature name -> value: ``attention=<name>`` (the fraction of the layers using each
+        registered variant: 0/1 for a uniform model), the variant's parameters as
+        ``attention.<name>.<param>`` (integers as ``log2(1 + v)``, booleans 0/1, strings one-hot
+        as ``attention.<name>.<param>=<value>``; summed over the layers and divided by their
+        number), ``log2_*`` sizes (d_model, n_layers, and of the layers' mean n_heads, head_dim
+        and d_ff, the real FFN widths,
         seq_len, batch), ``sharing=<mode>``, ``log10_parameters``, ``log10_flops``,
         ``log10_ops``, ``log10_elements`` and ``log10_<kind>`` of each of ``COUNT_KINDS`` of one
         forward pass. Deterministic.
@@ -68,24 +70,34 @@ def architecture_features(config, seq_len: int, batch: int = 1) -> dict[str, flo
     cfg = config if isinstance(config, ModelConfig) else ModelConfig.from_dict(dict(config))
     if not 0 < seq_len <= cfg.max_len or batch <= 0:
         raise XSearchError(f"need 0 < seq_len <= max_len={cfg.max_len} and batch > 0, got {seq_len}, {batch}")
-    feats: dict[str, float] = {f"attention={name}": float(name == cfg.attention) for name in list_attentions()}
-    for key, value in sorted(cfg.attention_params.items()):
-        name = f"attention.{cfg.attention}.{key}"
-        if isinstance(value, bool):
-            feats[name] = float(value)
-        elif isinstance(value, int):
-            feats[name] = _log2(1 + value)
-        elif isinstance(value, float):
-            feats[name] = value
-        elif value is not None:
-            feats[f"{name}={value}"] = 1.0
-    ffn = cfg.ffn_dims or [cfg.d_ff] * cfg.n_layers
+    layers = cfg.layer_configs()
+    share = 1.0 / len(layers)  # a per-layer model: each variant's fraction of the layers, its parameters' mean
+    feats: dict[str, float] = {f"attention={name}": 0.0 for name in list_attentions()}
+    for layer in layers:
+        feats[f"attention={layer['attention']}"] += share
+        for key, value in sorted(layer["attention_params"].items()):
+            name = f"attention.{layer['attention']}.{key}"
+            if isinstance(value, bool):
+                value = float(value)
+            elif isinstance(value, int):
+                value = _log2(1 + value)
+            elif isinstance(value, float):
+                pass
+            elif value is not None:
+                name, value = f"{name}={value}", 1.0
+            else:
+                continue
+            feats[name] = feats.get(name, 0.0) + value * share
+
+    def mean(key: str) -> float:
+        return sum(layer[key] for layer in layers) / len(layers)
+
     feats |= {
         "log2_d_model": _log2(cfg.d_model),
         "log2_n_layers": _log2(cfg.n_layers),
-        "log2_n_heads": _log2(cfg.n_heads),
-        "log2_head_dim": _log2(cfg.head_dim),
-        "log2_d_ff": _log2(sum(ffn) / len(ffn)),
+        "log2_n_heads": _log2(mean("n_heads")),
+        "log2_head_dim": _log2(mean("head_dim")),
+        "log2_d_ff": _log2(mean("d_ff")),
         "causal": float(cfg.causal),
         "log2_seq_len": _log2(seq_len),
         "log2_batch": _log2(batch),
