@@ -1,0 +1,176 @@
+"""The SuperTransformer: subnets run with its weights, extraction parity for every variant alone and mixed
+per layer, save/load, training through subnets, mismatches."""
+
+import random
+
+import pytest
+import torch
+import yaml
+
+import xsearch
+from tests.conftest import MAX_LEN
+from xsearch.model import XSearchModel
+from xsearch.search_spaces import RandomDraw, load_space
+from xsearch.supernet import (
+    SubnetMismatchError,
+    build_supernet,
+    extract_subnet,
+    load_supernet,
+    save_supernet,
+)
+
+FIELDS = {"vocab_size": 20, "max_len": MAX_LEN, "head": "classify", "n_classes": 5}
+
+
+def space_file(tmp_path, attention, *, per_layer=False, name="s"):
+    doc = {
+        "name": name,
+        "per_layer": per_layer,
+        "reference": {"attention": next(iter(attention)), "d_model": 32, "n_layers": 2, "n_heads": 2, "ffn_ratio": 2},
+        "model": {"d_model": [16, 32], "n_layers": [1, 2], "n_heads": [2, 4], "ffn_ratio": [1, 2]},
+        "attention": attention,
+    }
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def variant_choices(name, causal=False):
+    """The variant's small parameters, with a second, smaller value of each size parameter that still builds."""
+    small = dict(xsearch.attention_spec(name).small_params)
+    out = {p: [v] for p, v in small.items()}
+    for p, v in small.items():
+        if isinstance(v, int) and not isinstance(v, bool) and v >= 4:
+            try:
+                xsearch.build_attention(name, 16, 2, causal=causal, max_len=MAX_LEN, **{**small, p: v // 2})
+            except ValueError:
+                continue
+            out[p] = [v, v // 2]
+    return out
+
+
+def batch(n=MAX_LEN):
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(1, 20, (3, n), generator=g)
+    mask = torch.ones(3, n, dtype=torch.bool)
+    mask[1, n // 2 :] = False
+    ids[1, n // 2 :] = 0
+    return ids, mask
+
+
+def draws(space, fields, n, seed=0):
+    rng = random.Random(seed)
+    return [space.suggest(RandomDraw(rng), fields) for _ in range(n)]
+
+
+def assert_extraction_parity(sn, cfgs, fields):
+    ids, mask = batch()
+    sn.eval()
+    for cfg in cfgs:
+        model = extract_subnet(sn, cfg)
+        assert type(model) is XSearchModel and model.config == cfg
+        with torch.no_grad():
+            want = sn(ids, mask, subnet=cfg)
+            got = model(ids, mask)
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+        # the plain model holds exactly the subnet's weights: leading slices of the supernet's tensors
+        tensors = sn.subnet_tensors(cfg)
+        for name, t in model.state_dict().items():
+            if name in tensors:
+                assert torch.equal(t, tensors[name]), name
+
+
+def modes():
+    out = [pytest.param(n, False, id=n) for n in xsearch.list_attentions()]
+    return out + [pytest.param(n, True, id=f"{n}-causal") for n in ("local", "linear", "performer", "xl", "routing")]
+
+
+@pytest.mark.parametrize("name,causal", modes())
+def test_every_variant_extracts_with_parity(name, causal, tmp_path):
+    fields = dict(FIELDS)
+    if causal:
+        fields = {"vocab_size": 20, "max_len": MAX_LEN, "head": "lm", "causal": True}
+    space = load_space(space_file(tmp_path, {name: variant_choices(name, causal)}), causal=causal, max_len=MAX_LEN)
+    sn = build_supernet(space, fields)
+    cfgs = draws(space, fields, 4)
+    assert {c.d_model for c in cfgs} | {c.n_heads for c in cfgs} > {32}  # smaller widths or heads are drawn
+    assert_extraction_parity(sn, cfgs, fields)
+
+
+def test_mixed_per_layer_subnets_extract_with_parity(tmp_path):
+    variants = ["full", "local", "linformer", "performer", "set", "synthesizer", "xl", "bigbird", "sinkhorn"]
+    space = load_space(space_file(tmp_path, {n: variant_choices(n) for n in variants}, per_layer=True),
+                       max_len=MAX_LEN)  # fmt: skip
+    sn = build_supernet(space, FIELDS)
+    cfgs = [c for c in draws(space, FIELDS, 30) if c.per_layer][:6]
+    assert len(cfgs) == 6 and len({e["attention"] for c in cfgs for e in c.layers}) >= 5
+    assert_extraction_parity(sn, cfgs, FIELDS)
+    # a layer's own tensors belong to its variant in that layer: two layers of one variant do not share them
+    own = [n for n in sn.shapes if n.startswith(("layers.0.linformer.", "layers.1.linformer."))]
+    assert sorted(own) == [
+        "layers.0.linformer.E",
+        "layers.0.linformer.F",
+        "layers.1.linformer.E",
+        "layers.1.linformer.F",
+    ]
+
+
+def test_extracted_subnet_trains_saves_and_exports(tmp_path):
+    from xsearch.export import to_onnx
+
+    space = load_space("tiny", max_len=MAX_LEN)
+    sn = build_supernet(space, FIELDS)
+    cfg = draws(space, FIELDS, 1, seed=3)[0]
+    model = extract_subnet(sn, cfg)
+    xsearch.save_model(model, tmp_path / "m")
+    loaded = xsearch.load_model(tmp_path / "m")
+    ids, mask = batch()
+    torch.testing.assert_close(loaded(ids, mask), sn.eval()(ids, mask, subnet=cfg), atol=1e-5, rtol=0)
+    assert to_onnx(loaded, tmp_path / "m.onnx").max_abs_diff <= 1e-4
+
+
+def test_training_a_subnet_trains_only_its_slices():
+    space = load_space("tiny", max_len=MAX_LEN)
+    sn = build_supernet(space, FIELDS)
+    small = space.reference_config(FIELDS)
+    small = xsearch.ModelConfig.from_dict({**small.to_dict(), "d_model": 32, "n_layers": 1, "n_heads": 2,
+                                           "d_ff": 32})  # fmt: skip
+    before = {n: sn.tensor(n).detach().clone() for n in sn.shapes}
+    ids, mask = batch()
+    sn.train()
+    loss = sn(ids, mask, subnet=small).logsumexp(-1).mean()
+    loss.backward()
+    fc1 = sn.tensor("layers.0.ffn.fc1.weight")
+    assert fc1.grad[:32, :32].abs().sum() > 0 and fc1.grad[32:].abs().sum() == 0 and fc1.grad[:, 32:].abs().sum() == 0
+    assert sn.tensor("layers.1.ffn.fc1.weight").grad is None  # the second layer is not in this subnet
+    assert all(torch.equal(before[n], sn.tensor(n)) for n in sn.shapes)  # (no step taken: nothing moved)
+
+
+def test_save_load_round_trip_and_a_foreign_folder(tmp_path):
+    space = load_space(space_file(tmp_path, {"linformer": {"k": [16, 32]}, "performer": {"nb_features": [8, 16]}},
+                                  per_layer=True), max_len=MAX_LEN)  # fmt: skip
+    sn = build_supernet(space, FIELDS, seed=4)
+    save_supernet(sn, tmp_path / "sn")
+    again = load_supernet(tmp_path / "sn")
+    assert again.shapes == sn.shapes and again.space.to_yaml() == sn.space.to_yaml()
+    assert all(torch.equal(again.tensor(n), sn.tensor(n)) for n in sn.shapes)
+    ids, mask = batch()
+    for cfg in draws(space, FIELDS, 3):
+        torch.testing.assert_close(again(ids, mask, subnet=cfg), sn.eval()(ids, mask, subnet=cfg), atol=0, rtol=0)
+    xsearch.save_model(extract_subnet(sn, cfg), tmp_path / "plain")
+    with pytest.raises(ValueError, match="is not a saved supernet"):
+        load_supernet(tmp_path / "plain")
+    with pytest.raises(FileNotFoundError, match="nope"):
+        load_supernet(tmp_path / "nope")
+
+
+def test_subnets_outside_the_space_or_task_are_refused(tmp_path):
+    space = load_space("tiny", max_len=MAX_LEN)
+    sn = build_supernet(space, FIELDS)
+    ref = space.reference_config(FIELDS).to_dict()
+    with pytest.raises(SubnetMismatchError, match="attention 'reformer'.*does not hold"):
+        sn(*batch(), subnet={**ref, "attention": "reformer", "attention_params": {}})
+    with pytest.raises(SubnetMismatchError, match=r"d128.*not in the supernet's space 'tiny'"):
+        sn(*batch(), subnet={**ref, "d_model": 128, "d_ff": 256})
+    with pytest.raises(SubnetMismatchError, match="n_classes=3, but the supernet was built for n_classes=5"):
+        extract_subnet(sn, {**ref, "n_classes": 3})

@@ -1,0 +1,98 @@
+"""Saving and loading a supernet: ``supernet.safetensors`` + ``config.json`` (its space's YAML and task), no pickle."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import safetensors.torch
+import torch
+
+from xsearch.errors import MissingPathError, XSearchError
+from xsearch.serialization import CONFIG_FILE, atomic_write_text, read_json
+from xsearch.supernet.supertransformer import SuperTransformer
+
+FORMAT = "xsearch-supernet/1"
+WEIGHTS_FILE = "supernet.safetensors"
+
+
+def save_supernet(sn: SuperTransformer, directory: str | os.PathLike, *, extra: dict[str, Any] | None = None) -> Path:
+    """Write ``sn`` to ``directory``: its tensors, then ``config.json`` (space YAML, task fields, seed, ``extra``),
+    each through a temporary name and a rename."""
+    from xsearch import __version__
+
+    if not isinstance(sn, SuperTransformer):
+        raise XSearchError(f"save_supernet needs a SuperTransformer, got {type(sn).__name__}")
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = {name: sn.tensor(name).detach().contiguous() for name in sn.shapes}
+    tmp = out / f".{WEIGHTS_FILE}.tmp-{os.getpid()}"
+    safetensors.torch.save_file(tensors, str(tmp), metadata={"format": FORMAT})
+    os.replace(tmp, out / WEIGHTS_FILE)
+    doc = {"format": FORMAT, "xsearch_version": __version__, "space_name": sn.space.name,
+           "space": sn.space.to_yaml(), "task_fields": sn.task_fields, "seed": sn.seed, **(extra or {})}  # fmt: skip
+    atomic_write_text(out / CONFIG_FILE, json.dumps(doc, indent=2, sort_keys=True))
+    return out
+
+
+def read_supernet_config(directory: str | os.PathLike) -> dict[str, Any]:
+    """The ``config.json`` of a saved supernet (errors name the folder)."""
+    path = Path(directory)
+    if not path.is_dir():
+        raise MissingPathError(f"no saved supernet at {path} (not a directory)")
+    doc = read_json(path / CONFIG_FILE)
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        found = doc.get("format") if isinstance(doc, dict) else None
+        raise XSearchError(f"{path} is not a saved supernet (format {found!r}, expected {FORMAT!r})")
+    return doc
+
+
+def load_supernet(directory: str | os.PathLike) -> SuperTransformer:
+    """Rebuild a supernet saved by ``save_supernet`` (its space from the saved YAML, not from today's files)."""
+    from xsearch.search_spaces import space_from_yaml
+
+    path = Path(directory)
+    doc = read_supernet_config(path)
+    fields = doc["task_fields"]
+    space = space_from_yaml(doc["space"], source=str(path / CONFIG_FILE), causal=bool(fields.get("causal", False)),
+                            max_len=fields["max_len"])  # fmt: skip
+    sn = SuperTransformer(space, fields, init=False, seed=int(doc.get("seed", 0)))
+    weights = path / WEIGHTS_FILE
+    if not weights.is_file():
+        raise MissingPathError(f"missing file: {weights}")
+    try:
+        tensors = safetensors.torch.load_file(str(weights))
+    except Exception as e:  # safetensors raises several types for a corrupt header
+        raise XSearchError(f"cannot read supernet weights {weights}: {e}") from None
+    missing, unexpected = sorted(set(sn.shapes) - set(tensors)), sorted(set(tensors) - set(sn.shapes))
+    bad = [n for n in sn.shapes if n in tensors and tuple(tensors[n].shape) != sn.shapes[n]]
+    if missing or unexpected or bad:
+        raise XSearchError(f"weights in {weights} do not match its config.json (missing {missing[:3]}, "
+                           f"unexpected {unexpected[:3]}, other shape {bad[:3]})")  # fmt: skip
+    with torch.no_grad():
+        for name, t in tensors.items():
+            sn.tensor(name).copy_(t)
+    return sn.eval()
+
+
+def check_matches(sn: SuperTransformer, space, task_fields: dict[str, Any], *, where: str) -> None:
+    """Refuse a supernet built for another space or task, naming the first difference.
+
+    Raises:
+        SubnetMismatchError: ``where`` (the supernet's folder) holds a supernet of another space or task.
+    """
+    from xsearch.supernet.supertransformer import SubnetMismatchError
+
+    for key in sorted(set(task_fields) | set(sn.task_fields)):
+        if task_fields.get(key) != sn.task_fields.get(key):
+            raise SubnetMismatchError(f"supernet {where} was built for a task with {key}={sn.task_fields.get(key)!r}, "
+                                      f"this task has {key}={task_fields.get(key)!r}")  # fmt: skip
+    if space.to_yaml() != sn.space.to_yaml():
+        mine, theirs = space.to_yaml().splitlines(), sn.space.to_yaml().splitlines()
+        first = next((i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b), min(len(mine), len(theirs)))
+        got = mine[first].strip() if first < len(mine) else "(end)"
+        held = theirs[first].strip() if first < len(theirs) else "(end)"
+        raise SubnetMismatchError(f"supernet {where} was built for space {sn.space.name!r}, not {space.name!r} as "
+                                  f"given (first difference: {held!r} vs {got!r})")  # fmt: skip

@@ -1,0 +1,247 @@
+"""``SuperTransformer``: one set of weights from which every model of a search space runs."""
+
+from __future__ import annotations
+
+import copy
+from collections import OrderedDict
+from typing import Any
+
+import torch
+from torch import nn
+from torch.func import functional_call
+
+from xsearch.config import ModelConfig, describe_config
+from xsearch.errors import XSearchError
+from xsearch.supernet.layout import (
+    config_seed,
+    inherited_tensors,
+    leading_slice,
+    supernet_name,
+    variant_shapes,
+)
+
+#: The task's part of every subnet's config: a supernet is built for one task.
+TASK_KEYS = ("vocab_size", "max_len", "head", "n_classes", "causal")
+TEMPLATES_KEPT = 8  # subnets whose built module is kept for the next call
+
+
+class SubnetMismatchError(XSearchError):
+    """A subnet that is not in the supernet's space, or a supernet used for another space or task."""
+
+
+def _key(name: str) -> str:
+    return name.replace(".", "__")  # ParameterDict keys cannot hold dots
+
+
+class SuperTransformer(nn.Module):
+    """The weights of every subnet of ``space`` for the task ``task_fields``.
+
+    ``sn(input_ids, mask=None, *, subnet=cfg)`` runs the subnet ``cfg`` (a ``ModelConfig`` of the
+    space, or its dict) with the supernet's weights; gradients reach the supernet's tensors, so
+    training a sampled subnet trains the supernet. Build with ``build_supernet``.
+
+    Attributes:
+        space: the ``SearchSpace``.
+        task_fields: the task's ``ModelConfig`` fields (``Task.model_fields()``).
+        shapes: supernet tensor name -> shape.
+    """
+
+    def __init__(self, space, task_fields: dict[str, Any], *, init: bool = True, seed: int = 0) -> None:
+        super().__init__()
+        self.space = space
+        self.task_fields = dict(task_fields)
+        self.seed = seed
+        self._templates: OrderedDict[str, tuple[nn.Module, dict[str, str]]] = OrderedDict()
+        self.weights = nn.ParameterDict()
+        tensors = self._initial_tensors() if init else None
+        self.shapes = {name: tuple(t.shape) for name, t in (tensors or self._initial_tensors(meta=True)).items()}
+        for name, t in (tensors or {n: torch.empty(s) for n, s in self.shapes.items()}).items():
+            if name in self._buffer_names:
+                self.register_buffer(_key(name), t.detach().clone())
+            else:
+                self.weights[_key(name)] = nn.Parameter(t.detach().clone())
+
+    # -- building ------------------------------------------------------------------------------
+    def _largest_config(self) -> ModelConfig:
+        m = self.space.model
+        d = max(m["d_model"].values())
+        ratio = max(m["ffn_ratio"].values()) if "ffn_ratio" in m else 4
+        pos = "learned" if "pos_encoding" in m and "learned" in m["pos_encoding"].values() else "sinusoidal"
+        layers = int(max(m["n_layers"].values()))
+        heads = max(m["n_heads"].values())
+        d_ff = max(1, int(round(d * ratio)))
+        return ModelConfig(**self.task_fields, d_model=d, n_layers=layers, n_heads=heads, d_ff=d_ff,
+                           attention="full", pos_encoding=pos)  # fmt: skip
+
+    def _initial_tensors(self, *, meta: bool = False) -> dict[str, torch.Tensor]:
+        """Shared tensors from the largest full-attention model; each variant's own from its largest build."""
+        from xsearch.model import build_model
+
+        causal, max_len = bool(self.task_fields.get("causal", False)), self.task_fields["max_len"]
+        with torch.random.fork_rng():
+            torch.manual_seed(self.seed)
+            with torch.device("meta") if meta else torch.device("cpu"):
+                base = build_model(self._largest_config())
+            names = ["full"] * base.config.n_layers
+            out = {supernet_name(n, names): t for n, t in inherited_tensors(base)}
+            self._buffer_names = {supernet_name(n, names) for n, _ in base.named_buffers()}
+            for variant in self.space.attention:
+                shapes, builds, buffers = variant_shapes(self.space, variant, causal=causal, max_len=max_len)
+                for layer in range(base.config.n_layers):
+                    made: dict[str, dict[str, torch.Tensor]] = {}
+                    for name, shape in shapes.items():
+                        full = f"layers.{layer}.{variant}.{name}"
+                        if name in buffers:
+                            self._buffer_names.add(full)
+                        if meta:
+                            out[full] = torch.empty(shape, device="meta")
+                            continue
+                        tag = repr(builds[name])
+                        if tag not in made:
+                            made[tag] = dict(inherited_tensors(self._build_attention(variant, builds[name], causal,
+                                                                                     max_len)))  # fmt: skip
+                        out[full] = _padded(made[tag][name], shape)
+            return out
+
+    @staticmethod
+    def _build_attention(variant: str, build: dict[str, Any], causal: bool, max_len: int) -> nn.Module:
+        from xsearch.attention import build_attention
+
+        return build_attention(variant, build["d_model"], build["n_heads"], causal=causal, max_len=max_len,
+                               **build["params"])  # fmt: skip
+
+    # -- subnets -------------------------------------------------------------------------------
+    def check_subnet(self, subnet: ModelConfig | dict[str, Any]) -> ModelConfig:
+        """``subnet`` as a ``ModelConfig`` of this supernet's space and task.
+
+        Raises:
+            SubnetMismatchError: another task, a variant outside the space, or a size beyond the supernet's.
+        """
+        cfg = subnet if isinstance(subnet, ModelConfig) else ModelConfig.from_dict(dict(subnet))
+        for key in TASK_KEYS:
+            if key in self.task_fields and getattr(cfg, key) != self.task_fields[key]:
+                raise SubnetMismatchError(f"subnet {key}={getattr(cfg, key)!r}, but the supernet was built for "
+                                          f"{key}={self.task_fields[key]!r}")  # fmt: skip
+        for i, layer in enumerate(cfg.layer_configs()):
+            if layer["attention"] not in self.space.attention:
+                raise SubnetMismatchError(
+                    f"subnet layer {i} uses attention {layer['attention']!r}, which the supernet's space "
+                    f"{self.space.name!r} does not hold ({', '.join(self.space.attention)})"
+                )
+        return cfg
+
+    def _build_template(self, cfg: ModelConfig) -> nn.Module:
+        from xsearch.model import build_model
+
+        with torch.random.fork_rng():
+            torch.manual_seed(config_seed(cfg.to_dict()))
+            model = build_model(ModelConfig.from_dict(copy.deepcopy(cfg.to_dict())))
+        return model
+
+    def _template(self, cfg: ModelConfig) -> tuple[nn.Module, dict[str, str]]:
+        """The built subnet (weights unused) and, per tensor it inherits, the supernet tensor's name."""
+        key = cfg.to_json()
+        if key in self._templates:
+            self._templates.move_to_end(key)
+            return self._templates[key]
+        model = self._build_template(cfg)
+        attention_of_layer = [layer["attention"] for layer in cfg.layer_configs()]
+        mapping = {}
+        for name, t in inherited_tensors(model):
+            source = supernet_name(name, attention_of_layer)
+            held = self.shapes.get(source)
+            if held is None or len(held) != t.dim() or any(a > b for a, b in zip(t.shape, held, strict=True)):
+                raise SubnetMismatchError(
+                    f"subnet {describe_config(cfg)} is not in the supernet's space {self.space.name!r}: its {name} "
+                    f"needs {tuple(t.shape)}, the supernet holds {held}"
+                )
+            mapping[name] = source
+        self._templates[key] = (model, mapping)
+        while len(self._templates) > TEMPLATES_KEPT:
+            self._templates.popitem(last=False)
+        return model, mapping
+
+    def tensor(self, name: str) -> torch.Tensor:
+        """The supernet tensor ``name`` (a parameter or buffer)."""
+        key = _key(name)
+        return self.weights[key] if key in self.weights else getattr(self, key)
+
+    def subnet_tensors(self, subnet) -> dict[str, torch.Tensor]:
+        """Subnet tensor name -> its leading slice of the supernet (views: gradients reach the supernet)."""
+        model, mapping = self._template(self.check_subnet(subnet))
+        shapes = {n: tuple(t.shape) for n, t in inherited_tensors(model)}
+        return {name: leading_slice(self.tensor(source), shapes[name]) for name, source in mapping.items()}
+
+    def forward(self, input_ids: torch.Tensor, mask: torch.Tensor | None = None, *, subnet) -> torch.Tensor:
+        cfg = self.check_subnet(subnet)
+        model, _ = self._template(cfg)
+        model.train(self.training)
+        return functional_call(model, self.subnet_tensors(cfg), (input_ids, mask))
+
+    def bind(self, subnet) -> BoundSubnet:
+        """``subnet`` as a module with the plain ``forward(input_ids, mask)``, on this supernet's weights."""
+        return BoundSubnet(self, self.check_subnet(subnet))
+
+    def __repr__(self) -> str:  # (not nn.Module's: it would list every tensor)
+        return f"SuperTransformer(space={self.space.name!r}, tensors={len(self.shapes)}, " \
+               f"parameters={self.n_parameters():,})"  # fmt: skip
+
+    def n_parameters(self) -> int:
+        return sum(p.numel() for p in self.weights.values())
+
+
+class BoundSubnet(nn.Module):
+    """One subnet of a supernet with the forward of a plain model (``evaluate``, ``train`` take it)."""
+
+    def __init__(self, sn: SuperTransformer, subnet: ModelConfig) -> None:
+        super().__init__()
+        self.sn, self.config = sn, subnet
+
+    def forward(self, input_ids: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        return self.sn(input_ids, mask, subnet=self.config)
+
+
+def _padded(src: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    """``src`` in the leading corner of a tensor of ``shape``; the rest drawn like ``src`` (mean, std)."""
+    if tuple(src.shape) == tuple(shape):
+        return src.detach().clone()
+    src = src.detach()
+    std = float(src.float().std()) if src.numel() > 1 else 0.0
+    out = torch.randn(shape, dtype=src.dtype) * std + float(src.float().mean())
+    out[tuple(slice(0, s) for s in src.shape)] = src
+    return out
+
+
+def build_supernet(space, task_fields: dict[str, Any], *, seed: int = 0) -> SuperTransformer:
+    """A ``SuperTransformer`` over ``space`` (a ``SearchSpace`` or a shipped name / YAML path) for a task.
+
+    Args:
+        space: the space; loaded for the task (``causal``, ``max_len``) when given by name.
+        task_fields: ``Task.model_fields()`` (vocabulary, length, head).
+        seed: the initial weights' seed.
+    """
+    from xsearch.search_spaces import SearchSpace, load_space
+
+    if not isinstance(space, SearchSpace):
+        space = load_space(space, causal=bool(task_fields.get("causal", False)), max_len=task_fields["max_len"])
+    missing = [k for k in ("vocab_size", "max_len") if k not in task_fields]
+    if missing:
+        raise XSearchError(f"build_supernet: task_fields lacks {', '.join(missing)} (pass Task.model_fields())")
+    return SuperTransformer(space, task_fields, seed=seed)
+
+
+def extract_subnet(sn: SuperTransformer, subnet) -> nn.Module:
+    """A plain ``XSearchModel`` holding exactly ``subnet``'s weights (copies), in eval mode.
+
+    Its forward equals ``sn(..., subnet=subnet)``; it saves, loads, trains, prunes and exports like any model.
+    """
+    cfg = sn.check_subnet(subnet)
+    model = sn._build_template(cfg)
+    tensors = sn.subnet_tensors(cfg)
+    with torch.no_grad():
+        for name, t in inherited_tensors(model):
+            t.copy_(tensors[name])
+    return model.eval()
+
+
+__all__ = ["SubnetMismatchError", "SuperTransformer", "build_supernet", "extract_subnet"]
