@@ -165,8 +165,8 @@ def train_supernet(sn, task, settings: SupernetTrainSettings, *, out: str | os.P
             step += 1
             window = [*window, loss.item()][-50:]
             if bar:
-                bar.update(job, completed=step if settings.steps else min(time.perf_counter() - start, settings.seconds),
-                           description=f"supernet loss {sum(window) / len(window):.3f}")  # fmt: skip
+                done = step if settings.steps else min(time.perf_counter() - start, settings.seconds)
+                bar.update(job, completed=done, description=f"supernet loss {sum(window) / len(window):.3f}")
             if out is not None and step % settings.checkpoint_every == 0:
                 _save_checkpoint(sn, opt, out, state_now(False))
     sn.eval()
