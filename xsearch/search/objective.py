@@ -48,8 +48,9 @@ class Objective:
     that trial's result, recorded as ``duplicate_of``, so the sampler still learns from the point.
     """
 
-    def __init__(self, settings: SearchSettings, task, space, cache) -> None:
+    def __init__(self, settings: SearchSettings, task, space, cache, *, supernet=None) -> None:
         self.s = settings
+        self.supernet = supernet  # a SuperTransformer: trials are scored with its weights, untrained
         self.task = task
         self.space = space
         self.cache = cache
@@ -100,18 +101,42 @@ class Objective:
         earlier = self._finished_twin(trials, trial.number, config)
         if earlier is not None:
             return self._repeat(trial, earlier)
-        self._screen_latency(trial, cfg)
+        predicted_ms = self._screen_latency(trial, cfg)
         torch.manual_seed(self.s.seed + trial.number)
-        model = build_model(cfg)
+        if self.supernet is not None:
+            from xsearch.supernet import extract_subnet
+
+            model = extract_subnet(self.supernet, cfg)
+        else:
+            model = build_model(cfg)
         n_params = count_parameters(model)
         trial.set_user_attr("n_parameters", n_params)
         if self.s.max_params is not None:
             self._budget(trial, "params", n_params, self.s.max_params, f"{n_params} parameters")
-        latency_ms = self._latency(trial, cfg, model)
+        if self.supernet is not None and predicted_ms is not None:
+            latency_ms = predicted_ms  # (scoring takes a fraction of a second: measuring would dominate)
+            trial.set_user_attr("latency", {"median_ms": latency_ms, "predicted": True})
+        else:
+            latency_ms = self._latency(trial, cfg, model)
         if self.s.max_latency_ms is not None:
             self._budget(trial, "latency", latency_ms, self.s.max_latency_ms, f"latency {latency_ms:.2f} ms")
-        metric = self._train(trial, model)
+        metric = self._train(trial, model) if self.supernet is None else self._inherited(trial, model)
         return metric if self.single else (metric, latency_ms)
+
+    def _inherited(self, trial: optuna.Trial, model) -> float:
+        """The validation metric of the subnet with the supernet's weights (no training)."""
+        from xsearch.training import evaluate
+
+        start = time.perf_counter()
+        metric = evaluate(model, self.task, "valid")
+        trial.set_user_attr("train_steps", 0)
+        trial.set_user_attr("train_seconds", 0.0)
+        trial.set_user_attr("score_seconds", round(time.perf_counter() - start, 3))
+        trial.set_user_attr("inherited_from", str(self.s.supernet))
+        trial.set_user_attr(metric_name(self.task.kind), metric)
+        if not math.isfinite(metric):
+            raise RuntimeError(f"validation metric is {metric}")
+        return metric
 
     @staticmethod
     def _finished_twin(trials, number: int, config: dict[str, Any]) -> optuna.trial.FrozenTrial | None:
@@ -143,10 +168,11 @@ class Objective:
             raise optuna.TrialPruned(earlier.user_attrs.get("pruned", "over budget"))
         return earlier.values[0] if self.single else tuple(earlier.values)
 
-    def _screen_latency(self, trial: optuna.Trial, cfg) -> None:
-        """Record the predicted latency; prune the trial, unbuilt and untrained, when it is over the budget."""
+    def _screen_latency(self, trial: optuna.Trial, cfg) -> float | None:
+        """Record the predicted latency (returned; None without a predictor); prune the trial, unbuilt and
+        untrained, when it is over the budget."""
         if self.predictor is None:
-            return
+            return None
         predicted = self.predictor.predict(cfg, self.seq_len, self.s.batch)
         trial.set_user_attr("latency_predicted_ms", predicted)
         budget = self.s.max_latency_ms
@@ -154,6 +180,7 @@ class Objective:
             if not self.single:
                 constrain(trial, "latency", predicted - budget)  # so the sampler counts it as infeasible
             self._prune(trial, f"over budget: predicted latency {predicted:.2f} ms > {budget:g} ms")
+        return predicted
 
     def _latency(self, trial: optuna.Trial, cfg, model) -> float:
         """Measure (or read from the cache) the model's latency on the target; record it; return the median."""

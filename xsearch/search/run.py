@@ -69,7 +69,14 @@ def run_search(settings: SearchSettings, *, progress: bool = True) -> optuna.Stu
     task = get_task(settings.task, **settings.task_options)
     space = load_space(settings.space, causal=task.kind == "lm", max_len=task.max_len)
     cache_path = default_cache_path() if settings.latency_cache == "default" else settings.latency_cache
-    objective = Objective(settings, task, space, LatencyCache(cache_path))
+    supernet = None
+    if settings.supernet is not None:
+        from xsearch.supernet import load_supernet
+        from xsearch.supernet.io import check_matches
+
+        supernet = load_supernet(settings.supernet)
+        check_matches(supernet, space, task.model_fields(), where=settings.supernet)
+    objective = Objective(settings, task, space, LatencyCache(cache_path), supernet=supernet)
     study = open_study(settings, task.kind, reference_params=space.reference_params())
     metric = metric_name(task.kind)
     chance = {split: task.chance(split) for split in ("valid", "test")}

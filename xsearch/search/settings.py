@@ -61,6 +61,11 @@ class SearchSettings(StudySettings):
         None, "a predictor JSON (xsearch latency fit): candidates predicted over max_latency_ms are never trained"
     )
     latency_repeats: int = option(10, "timed runs per candidate", ge=1)
+    supernet: str | None = option(
+        None,
+        "a supernet folder (xsearch supernet train): each trial is scored on the validation split with its "
+        "inherited weights instead of being trained; with latency_predictor its latency is predicted, not measured",
+    )
     train_steps: int | None = option(
         None, f"training steps per trial (default {DEFAULT_TRAIN_STEPS} without train_seconds)", gt=0
     )

@@ -42,6 +42,8 @@ def read_supernet_config(directory: str | os.PathLike) -> dict[str, Any]:
     path = Path(directory)
     if not path.is_dir():
         raise MissingPathError(f"no saved supernet at {path} (not a directory)")
+    if not (path / CONFIG_FILE).is_file():
+        raise MissingPathError(f"{path} is not a saved supernet (no {CONFIG_FILE})")
     doc = read_json(path / CONFIG_FILE)
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         found = doc.get("format") if isinstance(doc, dict) else None

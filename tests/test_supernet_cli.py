@@ -1,0 +1,93 @@
+"""``xsearch supernet train`` (resume after kill -9), ``xsearch search --supernet`` and ``xsearch supernet extract``."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import optuna
+import pytest
+import torch
+
+import xsearch
+from xsearch.cli import main
+from xsearch.supernet import extract_subnet, load_supernet
+from xsearch.tasks import get_task
+
+TASK_OPTS = {"n_train": 128, "n_valid": 32, "n_test": 32, "min_len": 8, "max_len": 32}
+TASK = ["--task", "listops"] + [a for k, v in TASK_OPTS.items() for a in ("--task-opt", f"{k}={v}")]
+
+
+def _train(out, steps, every=5):
+    return ["supernet", "train", *TASK, "--space", "tiny", "--steps", str(steps), "--checkpoint-every", str(every),
+            "--quiet", "--out", str(out)]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    out = tmp_path_factory.mktemp("sn") / "sn"
+    assert main(_train(out, 20)) == 0
+    return out
+
+
+def test_supernet_training_resumes_after_kill_9_exactly(trained, tmp_path):
+    out = tmp_path / "killed"
+    cmd = [sys.executable, "-m", "xsearch.cli", *_train(out, 20, every=2)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not (out / "training.json").is_file():
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    state = json.loads((out / "training.json").read_text())
+    assert 0 < state["steps"] < 20 and not state["done"], state  # killed part way
+    assert main(_train(out, 20, every=2)) == 0  # the same command resumes
+    again, whole = load_supernet(out), load_supernet(trained)
+    assert json.loads((out / "training.json").read_text())["steps"] == 20
+    for name in whole.shapes:  # the same weights as the uninterrupted run
+        torch.testing.assert_close(again.tensor(name), whole.tensor(name), atol=1e-6, rtol=0)
+
+
+def test_search_with_inherited_weights_then_extract(trained, tmp_path, capsys):
+    db = f"sqlite:///{tmp_path}/s.db"
+    search = ["search", *TASK, "--space", "tiny", "--storage", db, "--study", "one", "--trials", "6",
+              "--supernet", str(trained), "--latency-repeats", "2", "--quiet"]  # fmt: skip
+    assert main(search) == 0
+    study = optuna.load_study(study_name="one", storage=db)
+    done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert len(done) == 6 and all(t.user_attrs["train_steps"] == 0 for t in done)
+    sn = load_supernet(trained)
+    task = get_task("listops", **TASK_OPTS)
+    t = done[-1]
+    model = extract_subnet(sn, t.user_attrs["model_config"])
+    assert xsearch.evaluate(model, task, "valid") == pytest.approx(t.values[0])  # the score is the inherited weights'
+    picked = tmp_path / "picked.json"
+    picked.write_text(json.dumps({"model": t.user_attrs["model_config"]}))
+    assert main(["supernet", "extract", str(trained), "--config", str(picked), "--out", str(tmp_path / "m")]) == 0
+    loaded = xsearch.load_model(tmp_path / "m")
+    ids, mask, _ = next(task.batches("valid", 16))
+    torch.testing.assert_close(loaded(ids, mask), sn.eval()(ids, mask, subnet=t.user_attrs["model_config"]),
+                               atol=1e-5, rtol=0)  # fmt: skip
+    # and it fine-tunes like any saved model
+    assert main(["train", *TASK, "--config", str(tmp_path / "m"), "--steps", "2", "--quiet", "--out",
+                 str(tmp_path / "ft")]) == 0  # fmt: skip
+
+
+def _one_line(capsys, argv, needle):
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip() and not ln.lstrip().startswith("INFO")]
+    assert len(err) == 1 and needle in err[0], err
+
+
+def test_a_supernet_of_another_space_or_task_is_refused(trained, tmp_path, capsys):
+    db = f"sqlite:///{tmp_path}/s.db"
+    search = ["search", *TASK, "--storage", db, "--trials", "1", "--supernet", str(trained), "--quiet"]
+    _one_line(capsys, [*search, "--space", "default"], "was built for space 'tiny', not 'default'")
+    other = [a.replace("max_len=32", "max_len=48") for a in search]
+    _one_line(capsys, [*other, "--space", "tiny"], "built for a task with max_len=32, this task has max_len=48")
+    _one_line(capsys, [*search, "--space", "tiny", "--supernet", str(tmp_path)], "is not a saved supernet")
+    retrain = ["supernet", "train", *TASK, "--space", "per_layer", "--steps", "20", "--quiet", "--out", str(trained)]
+    _one_line(capsys, retrain, "was built for space 'tiny', not 'per_layer'")
