@@ -317,3 +317,31 @@ def test_a_model_that_does_not_beat_chance_is_flagged_with_what_to_raise():
     assert f"raise train.steps (now {cfg.train.steps})" in warnings[0] and "search.train_steps" not in warnings[0]
     assert "the shipped model" in warnings[1] and f"search.train_steps (now {cfg.search.train_steps})" in warnings[1]
     assert not beats_chance(2.1, 2.0, 0.05, higher_is_better=False) and beats_chance(1.9, 2.0, 0.05, False)
+
+
+def test_supernet_mode_trains_the_supernet_searches_with_it_and_fine_tunes_the_pick(tmp_path):
+    import optuna
+
+    from xsearch.pipeline import run_pipeline
+
+    assert "mode: standalone" in DEFAULT_YAML and "\nsupernet:\n" in DEFAULT_YAML
+    with pytest.raises(PipelineConfigError, match="search.mode"):
+        load_pipeline_config(overrides={"search.mode": "oneshot"})
+    with pytest.raises(PipelineConfigError, match="search.supernet"):  # the pipeline sets it itself
+        load_pipeline_config(overrides={"search.supernet": "x"})
+    small = {**SMALL, "search.mode": "supernet", "supernet.steps": 30, "train.seconds": None, "train.steps": 10}
+    small.pop("search.train_seconds")
+    cfg = load_pipeline_config(overrides=small, name="sn")
+    cfg = type(cfg)(**{**cfg.__dict__, "runs_dir": str(tmp_path)})
+    lines = []
+    summary = run_pipeline(cfg, progress=False, echo=lines.append)
+    run = tmp_path / "sn"
+    assert (run / "01-supernet" / "supernet" / "supernet.safetensors").is_file()
+    assert json.loads((run / "01-supernet" / "stage.json").read_text())["steps"] == 30
+    study = optuna.load_study(study_name="search", storage=f"sqlite:///{run / '02-search' / 'study.db'}")
+    done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert len(done) == SMALL["search.trials"] and all(t.user_attrs["train_steps"] == 0 for t in done)
+    assert json.loads((run / "05-train" / "stage.json").read_text())["init"] == "supernet"
+    assert summary["search"]["mode"] == "supernet" and summary["train_steps"]["supernet"] == 30
+    assert (run / summary["search"]["pareto_png"]).is_file()
+    assert any("fine-tuned from its weights in the supernet" in line for line in lines)

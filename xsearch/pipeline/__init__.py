@@ -42,11 +42,13 @@ def run_pipeline(
         progress: progress bars for the search and training.
         echo: where the one-line stage reports go.
     """
-    from xsearch.pipeline.stages import STAGE_NAMES, STAGES, RunContext
+    from xsearch.pipeline.stages import RunContext, stages_for
 
-    if redo_from is not None and redo_from not in STAGE_NAMES:
-        raise XSearchError(f"unknown stage {redo_from!r}; stages: {', '.join(STAGE_NAMES)}")
-    run = RunFolder(cfg.run_dir, STAGES)
+    stages = stages_for(cfg)
+    names = [s.name for s in stages]
+    if redo_from is not None and redo_from not in names:
+        raise XSearchError(f"unknown stage {redo_from!r}; stages: {', '.join(names)}")
+    run = RunFolder(cfg.run_dir, stages)
     if fresh and run.root.exists():
         run.lock()  # never delete a folder another process is working in
         run.unlock()

@@ -23,10 +23,12 @@ from xsearch.compress.settings import CompressSettings
 from xsearch.errors import MissingPathError, SettingError, XSearchError
 from xsearch.export.settings import ExportSettings
 from xsearch.search.settings import PickSettings, SearchSettings
+from xsearch.supernet.train import SupernetTrainSettings
 from xsearch.settings import Settings, did_you_mean, from_mapping, option, same_as, yaml_lines, yaml_scalar
 from xsearch.training.settings import TrainSettings
 
 TEACHERS = ("reference", "searched", "none")
+SEARCH_MODES = ("standalone", "supernet")
 
 
 class PipelineConfigError(XSearchError):
@@ -71,6 +73,14 @@ class TaskSection(Settings):
 
 
 @dataclass
+class SearchSection(SearchSettings):
+    """``SearchSettings`` and how trials are scored."""
+
+    mode: str = option("standalone", "standalone: each trial trains its candidate | supernet: a supernet is trained "
+                       "once (the supernet: section) and trials are scored with its weights", choices=SEARCH_MODES)  # fmt: skip
+
+
+@dataclass
 class CompressSection(CompressSettings):
     """``CompressSettings`` and the model the pruned one is distilled from."""
 
@@ -87,11 +97,12 @@ class VerifySettings(Settings):
 
 #: Fields of ``SearchSettings`` the pipeline sets itself (from the top level and the run folder).
 SEARCH_FIXED = ("task", "task_options", "target", "threads", "batch", "storage", "study", "latency_cache",
-                "heartbeat_interval", "grace_period")  # fmt: skip
+                "heartbeat_interval", "grace_period", "supernet")  # fmt: skip
 #: YAML key -> (its settings class, the fields it leaves out).
 SECTIONS: dict[str, tuple[type, tuple[str, ...]]] = {
     "task": (TaskSection, ()),
-    "search": (SearchSettings, SEARCH_FIXED),
+    "search": (SearchSection, SEARCH_FIXED),
+    "supernet": (SupernetTrainSettings, ()),
     "pick": (PickSettings, ()),
     "train": (TrainSettings, ()),
     "compress": (CompressSection, ()),
@@ -102,6 +113,7 @@ SECTIONS: dict[str, tuple[type, tuple[str, ...]]] = {
 PIPELINE_DEFAULTS: dict[str, dict[str, Any]] = {
     "task": {"name": "listops", "options": {"n_train": 4000, "n_valid": 500, "n_test": 500, "max_len": 256}},
     "search": {"space": "tiny", "trials": 8, "train_steps": 150, "lr": 0.002},
+    "supernet": {"steps": 2000, "lr": 0.002},
     "train": {"steps": 600, "lr": 0.002, "keep_best": True},
     "compress": {"prune_ffn": 0.5, "finetune_steps": 200, "lr": 0.001, "keep_best": True},
     "export": {"quantize": "dynamic-int8"},
@@ -148,7 +160,8 @@ class PipelineConfig:
     threads: int
     batch: int
     task: TaskSection
-    search: SearchSettings
+    search: SearchSection
+    supernet: SupernetTrainSettings
     pick: PickSettings
     train: TrainSettings
     compress: CompressSection
@@ -265,7 +278,7 @@ def validate(data: dict[str, Any], source: str = "pipeline config") -> PipelineC
     try:
         run = from_mapping(RunSettings, top, source=where)
         sections = {}
-        for key in ("task", "pick", "train", "compress", "export", "verify"):
+        for key in ("task", "supernet", "pick", "train", "compress", "export", "verify"):
             cls, exclude = SECTIONS[key]
             sections[key] = from_mapping(cls, data.get(key, {}), exclude=exclude, source=where,
                                          name=lambda f, key=key: f"{key}.{f}")  # fmt: skip
@@ -274,7 +287,7 @@ def validate(data: dict[str, Any], source: str = "pipeline config") -> PipelineC
                  "batch": run.batch, "study": "search"}  # fmt: skip
         top_name = {"target": "target", "threads": "threads", "batch": "batch", "task": "task.name",
                     "task_options": "task.options"}  # fmt: skip
-        sections["search"] = from_mapping(SearchSettings, data.get("search", {}), fixed=fixed, exclude=SEARCH_FIXED,
+        sections["search"] = from_mapping(SearchSection, data.get("search", {}), fixed=fixed, exclude=SEARCH_FIXED,
                                           source=where, name=lambda f: top_name.get(f, f"search.{f}"))  # fmt: skip
     except SettingError as e:
         raise PipelineConfigError(str(e)) from None

@@ -1,6 +1,9 @@
 """The stages of ``xsearch run``, each a function ``(ctx, workdir) -> dict`` built from the library's verbs.
 
-search -> report -> pick -> train -> reference -> compress -> export -> quantize -> verify -> summary.
+[supernet ->] search -> report -> pick -> train -> reference -> compress -> export -> quantize -> verify -> summary.
+In ``search.mode: supernet`` a supernet is trained first and the search scores its trials with the supernet's
+weights; the train stage then fine-tunes the pick from its inherited weights (the reference still starts
+from new weights, with the same budget).
 A stage reads what earlier stages left in their folders (``ctx.folder(name)``) and writes only into
 its own work folder; the runner renames that folder into place once the stage has finished.
 """
@@ -66,7 +69,32 @@ def study_url(path: Path) -> str:
     return f"sqlite:///{path.resolve()}"
 
 
-# -- 1 search --------------------------------------------------------------------------------
+# -- 0 supernet, 1 search ----------------------------------------------------------------------
+SUPERNET_DIR = "supernet"
+
+
+def supernet_mode(ctx: RunContext) -> bool:
+    return ctx.cfg.search.mode == "supernet"
+
+
+def run_supernet_stage(ctx: RunContext, work: Path) -> dict[str, Any]:
+    """Train the supernet the search scores its trials with (supernet mode); resumes from its last checkpoint."""
+    from xsearch.search_spaces import load_space
+    from xsearch.supernet import build_supernet
+    from xsearch.supernet.train import train_supernet
+
+    space = load_space(ctx.cfg.search.space, causal=ctx.task.kind == "lm", max_len=ctx.task.max_len)
+    sn = build_supernet(space, ctx.task.model_fields(), seed=ctx.cfg.supernet.seed)
+    ctx.echo(f"  supernet over {space.name}: {sn.n_parameters():,} parameters")
+    record = train_supernet(sn, ctx.task, ctx.cfg.supernet, out=work / SUPERNET_DIR, progress=ctx.progress)
+    chance = ctx.task.chance("valid")
+    ctx.echo(f"  {record['steps']} steps ({record['seconds']:.0f} s); the reference subnet's inherited validation "
+             f"{_metric_name(ctx)} {record['reference_valid']:.4f} (chance {chance:.4f})")  # fmt: skip
+    return {"supernet": SUPERNET_DIR, "steps": record["steps"], "train_seconds": record["seconds"],
+            "final_loss": record["final_loss"], "reference_valid": record["reference_valid"],
+            "chance": chance}  # fmt: skip
+
+
 def run_search_stage(ctx: RunContext, work: Path) -> dict[str, Any]:
     """The hardware-aware search; resumes its own study after an interruption."""
     import dataclasses
@@ -76,7 +104,8 @@ def run_search_stage(ctx: RunContext, work: Path) -> dict[str, Any]:
     from xsearch.search.run import run_search
     from xsearch.search.study import pareto_front, reference_trial, state_counts
 
-    settings = dataclasses.replace(ctx.cfg.search, storage=study_url(work / STUDY_FILE))
+    supernet = str(ctx.folder("supernet") / SUPERNET_DIR) if supernet_mode(ctx) else None
+    settings = dataclasses.replace(ctx.cfg.search, storage=study_url(work / STUDY_FILE), supernet=supernet)
     used = 0
     if (work / STUDY_FILE).exists():
         from xsearch.search_spaces import load_space
@@ -169,12 +198,14 @@ def run_pick_stage(ctx: RunContext, work: Path) -> dict[str, Any]:
 
 
 # -- 4 train, 5 reference ----------------------------------------------------------------------
-def _train_fully(ctx: RunContext, work: Path, config: dict[str, Any]) -> dict[str, Any]:
+def _train_fully(ctx: RunContext, work: Path, config: dict[str, Any], init=None) -> dict[str, Any]:
     from xsearch.config import describe_config
     from xsearch.training.recipe import train_model
 
     t = ctx.cfg.train
-    trained = train_model(config, ctx.task, t, progress=ctx.progress)
+    if init is not None:
+        ctx.echo("  fine-tuned from its weights in the supernet")
+    trained = train_model(config, ctx.task, t, progress=ctx.progress, init=init)
     ctx.echo(f"  {describe_config(config)}: {trained.parameters:,} parameters")
     ctx.save_model(trained.model, work)
     r = trained.result
@@ -187,7 +218,13 @@ def _train_fully(ctx: RunContext, work: Path, config: dict[str, Any]) -> dict[st
 
 
 def run_train_stage(ctx: RunContext, work: Path) -> dict[str, Any]:
-    return _train_fully(ctx, work, ctx.result("pick")["model_config"])
+    config = ctx.result("pick")["model_config"]
+    init = None
+    if supernet_mode(ctx):
+        from xsearch.supernet import extract_subnet, load_supernet
+
+        init = extract_subnet(load_supernet(ctx.folder("supernet") / SUPERNET_DIR), config)
+    return {**_train_fully(ctx, work, config, init=init), "init": "supernet" if init is not None else "new"}
 
 
 def run_reference_stage(ctx: RunContext, work: Path) -> dict[str, Any]:
@@ -304,8 +341,10 @@ def run_summary_stage(ctx: RunContext, work: Path) -> dict[str, Any]:
 
 
 STAGES = [
+    Stage("supernet", run_supernet_stage, "train the supernet (search.mode supernet)", resumes=True,
+          depends=("task", "search.space", "search.mode", "supernet")),
     Stage("search", run_search_stage, "hardware-aware search", resumes=True,
-          depends=("task", "target", "threads", "batch", "search")),
+          depends=("task", "target", "threads", "batch", "search", "supernet")),
     Stage("report", run_report_stage, "report: Pareto front, plots"),
     Stage("pick", run_pick_stage, "pick under the latency budget", depends=("pick",)),
     Stage("train", run_train_stage, "train the picked model fully", depends=("train",)),
@@ -316,4 +355,14 @@ STAGES = [
     Stage("verify", run_verify_stage, "verify on onnxruntime: test metric and latency", depends=("verify",)),
     Stage("summary", run_summary_stage, "summary"),
 ]  # fmt: skip
-STAGE_NAMES = [s.name for s in STAGES]
+
+
+def stages_for(cfg: PipelineConfig) -> list[Stage]:
+    """The stages of a run: the supernet stage only in ``search.mode: supernet`` (a standalone run keeps its
+    numbering, 01-search ... 10-summary, and does not depend on the supernet: section)."""
+    import dataclasses
+
+    if cfg.search.mode == "supernet":
+        return list(STAGES)
+    return [dataclasses.replace(s, depends=tuple(d for d in s.depends if d != "supernet"))
+            for s in STAGES if s.name != "supernet"]  # fmt: skip

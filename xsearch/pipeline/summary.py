@@ -43,8 +43,13 @@ def chance_warnings(models: dict[str, Any], chance: float, margin: float, higher
         need = f"> {chance + margin:.4f}" if higher_is_better else f"< {chance - margin:.4f}"
         budget = (f"train.steps (now {cfg.train.steps})" if cfg.train.steps is not None
                   else f"train.seconds (now {cfg.train.seconds:g}; better, a step budget: train.steps)")  # fmt: skip
-        search = (f"search.train_steps (now {cfg.search.train_steps})" if cfg.search.train_steps is not None
-                  else f"search.train_seconds (now {cfg.search.train_seconds:g})")  # fmt: skip
+        if cfg.search.mode == "supernet":
+            search = (f"supernet.steps (now {cfg.supernet.steps})" if cfg.supernet.steps is not None
+                      else f"supernet.seconds (now {cfg.supernet.seconds:g})")  # fmt: skip
+        elif cfg.search.train_steps is not None:
+            search = f"search.train_steps (now {cfg.search.train_steps})"
+        else:
+            search = f"search.train_seconds (now {cfg.search.train_seconds:g})"
         out.append(f"the {name} model's test {m['metric']} {m['test_metric']:.4f} does not clearly beat the chance "
                    f"level {chance:.4f} (needs {need}): raise {budget}"
                    + (f" and {search}" if name != "reference" else "") + ", or train.lr")  # fmt: skip
@@ -111,20 +116,22 @@ def build_summary(ctx) -> dict[str, Any]:
         "searched_vs_reference": versus("searched"),
         "shipped_vs_reference": versus("shipped"),
         "train_steps": {
-            "search_per_trial": ctx.cfg.search.train_steps,
+            "search_per_trial": ctx.cfg.search.train_steps if ctx.cfg.search.mode == "standalone" else 0,
+            "supernet": ctx.result("supernet")["steps"] if ctx.cfg.search.mode == "supernet" else None,
             "searched": sources["searched"]["steps"],
             "reference": sources["reference"]["steps"],
             "finetune": ctx.cfg.compress.finetune_steps,
         },
         "search": {
+            "mode": ctx.cfg.search.mode,
             "space": ctx.cfg.search.space,
             "trials": search["trials"],
             "duplicates": search.get("duplicates", 0),
             "pareto_front": search["front"],
             "picked_trial": pick["trial"],
             "budget_ms": pick["budget_ms"],
-            "pareto_png": "02-report/pareto.png",
-            "pareto_html": "02-report/pareto.html",
+            "pareto_png": f"{ctx.folder('report').name}/pareto.png",
+            "pareto_html": f"{ctx.folder('report').name}/pareto.html",
         },
     }
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from xsearch.errors import XSearchError
 from xsearch.training.loop import TrainResult, evaluate, train
 from xsearch.training.settings import TrainSettings
 
@@ -31,15 +32,23 @@ class TrainedModel:
     parameters: int
 
 
-def train_model(config, task, settings: TrainSettings, *, progress: bool | None = None) -> TrainedModel:
+def train_model(config, task, settings: TrainSettings, *, progress: bool | None = None, init=None) -> TrainedModel:
     """Build ``config`` (a ``ModelConfig`` or its dict) with seed ``settings.seed``, train it on ``task``
-    within ``settings``' budget, and score it on the test split."""
+    within ``settings``' budget, and score it on the test split.
+
+    ``init``: a model of that config to start from instead of new weights (a subnet extracted from a
+    supernet); it is trained in place.
+    """
     import torch
 
     from xsearch.model import build_model, count_parameters
 
     torch.manual_seed(settings.seed)
     model = build_model(config)
+    if init is not None:
+        if init.config.to_dict() != model.config.to_dict():
+            raise XSearchError("train_model: init is a model of another config")
+        model = init
     result = train(model, task, progress=progress, **settings.loop_options())
     metric = evaluate(model, task, "test")
     return TrainedModel(model, result, metric, task.chance("test"), count_parameters(model))
