@@ -32,7 +32,8 @@ from xsearch.config import describe_config
 from xsearch.model import count_parameters
 from xsearch.search_spaces import RandomDraw, load_space
 from xsearch.supernet import build_supernet, extract_subnet
-from xsearch.supernet.train import SupernetTrainSettings, train_supernet
+from xsearch.supernet.settings import SupernetTrainSettings
+from xsearch.supernet.train import train_supernet
 from xsearch.tasks import get_task
 from xsearch.training import evaluate
 from xsearch.training.recipe import train_model

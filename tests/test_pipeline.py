@@ -158,13 +158,13 @@ def test_run_folder_lock_and_config_check(tmp_path):
 
 
 def test_config_changes_are_refused_only_where_a_finished_stage_reflects_them(tmp_path):
-    from xsearch.pipeline.stages import STAGES
+    from xsearch.pipeline.stages import stages_for
 
     def finish(run: RunFolder, name: str) -> None:
         run.folder(name).mkdir(parents=True)
         (run.folder(name) / "stage.json").write_text("{}")
 
-    run = RunFolder(tmp_path / "r", STAGES)
+    run = RunFolder(tmp_path / "r", stages_for(load_pipeline_config()))
     run.check_config(load_pipeline_config())
     finish(run, "search")
     finish(run, "report")

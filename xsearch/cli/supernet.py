@@ -18,7 +18,7 @@ from xsearch.cli.args import (
     settings_from_args,
     task_options,
 )
-from xsearch.supernet.train import SupernetTrainSettings
+from xsearch.supernet.settings import SupernetTrainSettings
 
 log = logging.getLogger("xsearch")
 

@@ -23,8 +23,8 @@ from xsearch.compress.settings import CompressSettings
 from xsearch.errors import MissingPathError, SettingError, XSearchError
 from xsearch.export.settings import ExportSettings
 from xsearch.search.settings import PickSettings, SearchSettings
-from xsearch.supernet.train import SupernetTrainSettings
 from xsearch.settings import Settings, did_you_mean, from_mapping, option, same_as, yaml_lines, yaml_scalar
+from xsearch.supernet.settings import SupernetTrainSettings
 from xsearch.training.settings import TrainSettings
 
 TEACHERS = ("reference", "searched", "none")
@@ -76,8 +76,9 @@ class TaskSection(Settings):
 class SearchSection(SearchSettings):
     """``SearchSettings`` and how trials are scored."""
 
-    mode: str = option("standalone", "standalone: each trial trains its candidate | supernet: a supernet is trained "
-                       "once (the supernet: section) and trials are scored with its weights", choices=SEARCH_MODES)  # fmt: skip
+    mode: str = option("standalone", "standalone: each trial trains its candidate | supernet: a supernet is "
+                       "trained once (the supernet: section) and trials are scored with its weights",
+                       choices=SEARCH_MODES)  # fmt: skip
 
 
 @dataclass

@@ -75,7 +75,9 @@ def run_search(settings: SearchSettings, *, progress: bool = True) -> optuna.Stu
         from xsearch.supernet.io import check_matches
 
         supernet = load_supernet(settings.supernet)
-        check_matches(supernet, space, task.model_fields(), where=settings.supernet)
+        check_matches(
+            supernet.space.to_yaml(), supernet.task_fields, space, task.model_fields(), where=settings.supernet
+        )
     objective = Objective(settings, task, space, LatencyCache(cache_path), supernet=supernet)
     study = open_study(settings, task.kind, reference_params=space.reference_params())
     metric = metric_name(task.kind)

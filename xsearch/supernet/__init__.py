@@ -5,10 +5,21 @@ heads and depths, trained once, from which every subnet is scored with inherited
     sn = build_supernet("tiny", task.model_fields())
     logits = sn(ids, mask, subnet=cfg)          # cfg: a ModelConfig of the space
     model = extract_subnet(sn, cfg)             # a plain XSearchModel with exactly those weights
+
+``import xsearch.supernet`` is light; torch is imported when a name that needs it is used.
 """
 
-from xsearch.supernet.io import load_supernet, save_supernet
-from xsearch.supernet.supertransformer import SubnetMismatchError, SuperTransformer, build_supernet, extract_subnet
+from __future__ import annotations
 
-__all__ = ["SubnetMismatchError", "SuperTransformer", "build_supernet", "extract_subnet", "load_supernet",
-           "save_supernet"]  # fmt: skip
+from xsearch._lazy import by_module, lazy_names
+
+_LAZY = by_module(
+    {
+        "xsearch.supernet.supertransformer": "SuperTransformer SubnetMismatchError build_supernet extract_subnet",
+        "xsearch.supernet.io": "save_supernet load_supernet check_matches",
+        "xsearch.supernet.settings": "SupernetTrainSettings",
+        "xsearch.supernet.train": "train_supernet draw_subnet",
+    }
+)
+__all__ = sorted(_LAZY)
+__getattr__, __dir__ = lazy_names(__name__, _LAZY)

@@ -79,22 +79,33 @@ def load_supernet(directory: str | os.PathLike) -> SuperTransformer:
     return sn.eval()
 
 
-def check_matches(sn: SuperTransformer, space, task_fields: dict[str, Any], *, where: str) -> None:
+def check_matches(held_space: str, held_task_fields: dict[str, Any], space, task_fields: dict[str, Any], *,
+                  where: str) -> None:  # fmt: skip
     """Refuse a supernet built for another space or task, naming the first difference.
 
+    Args:
+        held_space: the YAML of the space the supernet was built for (``SearchSpace.to_yaml()``).
+        held_task_fields: the task fields it was built for.
+        space, task_fields: what it is used for now.
+        where: the supernet's folder, for the message.
+
     Raises:
-        SubnetMismatchError: ``where`` (the supernet's folder) holds a supernet of another space or task.
+        SubnetMismatchError: naming the first difference.
     """
+    import yaml
+
     from xsearch.supernet.supertransformer import SubnetMismatchError
 
-    for key in sorted(set(task_fields) | set(sn.task_fields)):
-        if task_fields.get(key) != sn.task_fields.get(key):
-            raise SubnetMismatchError(f"supernet {where} was built for a task with {key}={sn.task_fields.get(key)!r}, "
+    for key in sorted(set(task_fields) | set(held_task_fields)):
+        if task_fields.get(key) != held_task_fields.get(key):
+            held = held_task_fields.get(key)
+            raise SubnetMismatchError(f"supernet {where} was built for a task with {key}={held!r}, "
                                       f"this task has {key}={task_fields.get(key)!r}")  # fmt: skip
-    if space.to_yaml() != sn.space.to_yaml():
-        mine, theirs = space.to_yaml().splitlines(), sn.space.to_yaml().splitlines()
+    if space.to_yaml() != held_space:
+        mine, theirs = space.to_yaml().splitlines(), held_space.splitlines()
         first = next((i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b), min(len(mine), len(theirs)))
         got = mine[first].strip() if first < len(mine) else "(end)"
         held = theirs[first].strip() if first < len(theirs) else "(end)"
-        raise SubnetMismatchError(f"supernet {where} was built for space {sn.space.name!r}, not {space.name!r} as "
+        name = (yaml.safe_load(held_space) or {}).get("name")
+        raise SubnetMismatchError(f"supernet {where} was built for space {name!r}, not {space.name!r} as "
                                   f"given (first difference: {held!r} vs {got!r})")  # fmt: skip

@@ -10,39 +10,16 @@ import random
 import sys
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 from xsearch.errors import XSearchError
-from xsearch.settings import Settings, option, same_as
-from xsearch.training.settings import TrainSettings
+from xsearch.supernet.settings import SupernetTrainSettings
 
 log = logging.getLogger("xsearch.supernet")
 
-SAMPLING = ("uniform",)
 STATE_FILE = "training.json"
-OPTIMIZER_FILE = "optimizer.safetensors"
-
-
-@dataclass
-class SupernetTrainSettings(Settings):
-    """A supernet's training budget and recipe: exactly one of ``steps`` and ``seconds``."""
-
-    ALTERNATIVES: ClassVar[tuple[tuple[str, ...], ...]] = (("steps", "seconds"),)
-
-    steps: int | None = same_as(TrainSettings, "steps", help="optimizer steps, one sampled subnet each")
-    seconds: float | None = same_as(TrainSettings, "seconds")
-    batch_size: int = same_as(TrainSettings, "batch_size")
-    lr: float = same_as(TrainSettings, "lr")
-    warmup: float = same_as(TrainSettings, "warmup")
-    weight_decay: float = same_as(TrainSettings, "weight_decay")
-    grad_clip: float = same_as(TrainSettings, "grad_clip")
-    seed: int = same_as(TrainSettings, "seed", help="seeds the initial weights, the subnet draws and the batch order")
-    sampling: str = option("uniform", "which subnet each step trains", choices=SAMPLING)
-    checkpoint_every: int = option(200, "steps between checkpoints (a killed run resumes from the last)", ge=1)
-
-    rules = TrainSettings.rules  # exactly one budget
+CHECKPOINT_FILE = "checkpoint.safetensors"
 
 
 def draw_subnet(space, task_fields: dict[str, Any], seed: int, step: int):
@@ -60,38 +37,53 @@ def _groups(sn):
 
 
 def _save_checkpoint(sn, opt, out: Path, state: dict[str, Any]) -> None:
+    """One file, written under a temporary name and renamed: the supernet's tensors, the optimizer's state and
+    the training state (in its metadata), so a kill at any moment leaves the last whole checkpoint. Then the
+    supernet as ``load_supernet`` reads it, and ``training.json`` for people (neither is read to resume)."""
     import safetensors.torch
 
     from xsearch.serialization import atomic_write_text
     from xsearch.supernet.io import save_supernet
 
     names = {id(p): key for key, p in sn.weights.items()}
-    tensors = {}
+    tensors = {f"weights/{name}": sn.tensor(name).detach().contiguous() for name in sn.shapes}
     for p, st in opt.state.items():
         for field, value in st.items():
-            tensors[f"{field}/{names[id(p)]}"] = value.detach().reshape(value.shape).contiguous()
-    tmp = out / f".{OPTIMIZER_FILE}.tmp-{os.getpid()}"
+            tensors[f"{field}/{names[id(p)]}"] = value.detach().contiguous()
     out.mkdir(parents=True, exist_ok=True)
-    safetensors.torch.save_file(tensors, str(tmp))
-    os.replace(tmp, out / OPTIMIZER_FILE)
+    tmp = out / f".{CHECKPOINT_FILE}.tmp-{os.getpid()}"
+    safetensors.torch.save_file(tensors, str(tmp), metadata={"state": json.dumps(state, sort_keys=True)})
+    os.replace(tmp, out / CHECKPOINT_FILE)
     save_supernet(sn, out, extra={"trained": state})
     atomic_write_text(out / STATE_FILE, json.dumps(state, indent=2, sort_keys=True))
 
 
-def _load_checkpoint(sn, opt, out: Path, checkpoint) -> None:
+def _read_checkpoint(out: Path) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """(training state, tensors) of the checkpoint in ``out``, or None when there is none."""
+    import safetensors
     import safetensors.torch
+
+    path = out / CHECKPOINT_FILE
+    if not path.is_file():
+        return None
+    try:
+        with safetensors.safe_open(str(path), framework="pt") as f:
+            state = json.loads(f.metadata()["state"])
+        return state, safetensors.torch.load_file(str(path))
+    except Exception as e:  # safetensors raises several types for a corrupt file
+        raise XSearchError(f"cannot read the supernet checkpoint {path}: {e}; remove it to start over") from None
+
+
+def _restore(sn, opt, tensors: dict[str, Any]) -> None:
     import torch
 
-    saved = safetensors.torch.load_file(str(out / OPTIMIZER_FILE))
-    for key, p in sn.weights.items():
-        st = {
-            field: saved[f"{field}/{key}"] for field in ("step", "exp_avg", "exp_avg_sq") if f"{field}/{key}" in saved
-        }
-        if st:
-            opt.state[p] = st
     with torch.no_grad():
         for name in sn.shapes:
-            sn.tensor(name).copy_(checkpoint.tensor(name))
+            sn.tensor(name).copy_(tensors[f"weights/{name}"])
+    for key, p in sn.weights.items():
+        st = {f: tensors[f"{f}/{key}"] for f in ("step", "exp_avg", "exp_avg_sq") if f"{f}/{key}" in tensors}
+        if st:
+            opt.state[p] = st
 
 
 def train_supernet(sn, task, settings: SupernetTrainSettings, *, out: str | os.PathLike | None = None,
@@ -113,16 +105,16 @@ def train_supernet(sn, task, settings: SupernetTrainSettings, *, out: str | os.P
                              {"params": no_decay, "weight_decay": 0.0}], lr=settings.lr)  # fmt: skip
     recipe = settings.to_dict()
     step, elapsed_before, window = 0, 0.0, []
-    if out is not None and (out / STATE_FILE).is_file():
-        from xsearch.supernet.io import check_matches, load_supernet
+    found = _read_checkpoint(out) if out is not None else None
+    if found is not None:
+        from xsearch.supernet.io import check_matches
 
-        checkpoint = load_supernet(out)
-        check_matches(checkpoint, sn.space, sn.task_fields, where=str(out))
-        state = json.loads((out / STATE_FILE).read_text(encoding="utf-8"))
+        state, tensors = found
+        check_matches(state["space"], state["task_fields"], sn.space, sn.task_fields, where=str(out))
         if state.get("settings") != recipe:
             raise XSearchError(f"{out} holds a supernet trained with other settings ({state.get('settings')}); "
                                "choose a new --out or the same settings")  # fmt: skip
-        _load_checkpoint(sn, opt, out, checkpoint)
+        _restore(sn, opt, tensors)
         step, elapsed_before, window = state["steps"], state["seconds"], state.get("loss_window", [])
         log.info("resuming supernet training at step %d", step)
     fields = sn.task_fields
@@ -136,7 +128,8 @@ def train_supernet(sn, task, settings: SupernetTrainSettings, *, out: str | os.P
 
     def state_now(done: bool) -> dict[str, Any]:
         return {"settings": recipe, "steps": step, "seconds": round(time.perf_counter() - start, 2),
-                "loss_window": window, "done": done, "task": task.describe()}  # fmt: skip
+                "loss_window": window, "done": done, "task": task.describe(), "space": sn.space.to_yaml(),
+                "task_fields": sn.task_fields}  # fmt: skip
 
     sn.train()
     with bar or nullcontext():

@@ -1,0 +1,32 @@
+"""``SupernetTrainSettings``: every option of a supernet's training, defined once (``xsearch supernet train``'s
+flags and the pipeline's ``supernet:`` section are built from it). No torch import."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from xsearch.settings import Settings, option, same_as
+from xsearch.training.settings import TrainSettings
+
+SAMPLING = ("uniform",)
+
+
+@dataclass
+class SupernetTrainSettings(Settings):
+    """A supernet's training budget and recipe: exactly one of ``steps`` and ``seconds``."""
+
+    ALTERNATIVES: ClassVar[tuple[tuple[str, ...], ...]] = (("steps", "seconds"),)
+
+    steps: int | None = same_as(TrainSettings, "steps", help="optimizer steps, one sampled subnet each")
+    seconds: float | None = same_as(TrainSettings, "seconds")
+    batch_size: int = same_as(TrainSettings, "batch_size")
+    lr: float = same_as(TrainSettings, "lr")
+    warmup: float = same_as(TrainSettings, "warmup")
+    weight_decay: float = same_as(TrainSettings, "weight_decay")
+    grad_clip: float = same_as(TrainSettings, "grad_clip")
+    seed: int = same_as(TrainSettings, "seed", help="seeds the initial weights, the subnet draws and the batch order")
+    sampling: str = option("uniform", "which subnet each step trains", choices=SAMPLING)
+    checkpoint_every: int = option(200, "steps between checkpoints (a killed run resumes from the last)", ge=1)
+
+    rules = TrainSettings.rules  # exactly one budget
