@@ -70,9 +70,19 @@ def test_search_with_inherited_weights_then_extract(trained, tmp_path, capsys):
     ids, mask, _ = next(task.batches("valid", 16))
     torch.testing.assert_close(loaded(ids, mask), sn.eval()(ids, mask, subnet=t.user_attrs["model_config"]),
                                atol=1e-5, rtol=0)  # fmt: skip
-    # and it fine-tunes like any saved model
-    assert main(["train", *TASK, "--config", str(tmp_path / "m"), "--steps", "2", "--quiet", "--out",
+    # and it fine-tunes from those weights (--init), like any saved model
+    assert main(["train", *TASK, "--init", str(tmp_path / "m"), "--steps", "1", "--lr", "1e-9", "--quiet", "--out",
                  str(tmp_path / "ft")]) == 0  # fmt: skip
+    tuned = xsearch.load_model(tmp_path / "ft")
+    assert tuned.config == loaded.config
+    torch.testing.assert_close(tuned(ids, mask), loaded(ids, mask), atol=1e-4, rtol=0)  # (one step at lr 1e-9)
+    metrics = json.loads((tmp_path / "ft" / "metrics.json").read_text())
+    assert metrics["init"] == str(tmp_path / "m") and metrics["steps"] == 1
+    _one_line(capsys, ["train", *TASK, "--init", str(tmp_path / "m"), "--attention", "full", "--steps", "1",
+                       "--out", str(tmp_path / "x")], "--init takes the architecture of")  # fmt: skip
+    longer = [a.replace("max_len=32", "max_len=48") for a in TASK]
+    _one_line(capsys, ["train", *longer, "--init", str(tmp_path / "m"), "--steps", "1", "--out", str(tmp_path / "x")],
+              "is a model with max_len=32, but the task needs max_len=48")  # fmt: skip
 
 
 def _one_line(capsys, argv, needle):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from pathlib import Path
 
 from xsearch.cli.args import UsageError, add_settings, add_task_args, checked_task, settings_from_args, task_options
@@ -33,8 +34,17 @@ def cmd_search(args: argparse.Namespace) -> int:
 
     name, options = checked_task(args.task, task_options(args))
     settings = settings_from_args(SearchSettings, args, fixed={"task": name, "task_options": options})
+    start = time.perf_counter()
     study = run_search(settings, progress=not args.quiet)
+    seconds = time.perf_counter() - start
     print_front(study)
+    started = [t for t in study.get_trials(deepcopy=False) if t.datetime_start is not None
+               and t.datetime_start.timestamp() >= time.time() - seconds]  # fmt: skip
+    if started:  # this run's candidates (finished, pruned or failed), and its pace
+        print(
+            f"{len(started)} candidates in {seconds:.0f} s: {60 * len(started) / seconds:.1f} per minute"
+            + (" (scored with the supernet's weights)" if settings.supernet else "")
+        )
     return 0
 
 

@@ -31,6 +31,8 @@ def register(name: str, p: argparse.ArgumentParser) -> None:
     if name == "train":
         add_task_args(p, required=True)
         add_model_args(p)
+        p.add_argument("--init", metavar="DIR", help="start from a saved model's architecture and weights (e.g. a "
+                       "subnet from `xsearch supernet extract`) instead of new ones")  # fmt: skip
         add_settings(p.add_argument_group("training"), TrainSettings)
         p.add_argument("--quiet", action="store_true", help="no progress bar")
         p.add_argument("--out", required=True, help="output folder (config.json + model.safetensors)")
@@ -59,11 +61,10 @@ def metric_key(task_kind: str) -> str:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from xsearch.serialization import atomic_write_text, save_model, staged_directory
-    from xsearch.training.recipe import train_model
-
     settings = settings_from_args(TrainSettings, args)
     out = output_dir(args.out)
+    if args.init is not None:
+        return _train_from(args, settings, out)
     if args.attention is not None:  # a bad name or parameter fails before the (slower) task is built
         from xsearch.attention import attention_spec
         from xsearch.settings import parse_assignments
@@ -71,8 +72,14 @@ def cmd_train(args: argparse.Namespace) -> int:
         attention_spec(args.attention).resolve_params(parse_assignments(args.set, "--set"))
     name, options = checked_task(args.task, task_options(args))
     task = build_task(name, options)
-    cfg = model_config_from_args(args, task.model_fields())
-    trained = train_model(cfg, task, settings, progress=not args.quiet)
+    return _train_and_save(args, settings, out, task, model_config_from_args(args, task.model_fields()))
+
+
+def _train_and_save(args: argparse.Namespace, settings: TrainSettings, out, task, cfg, init=None) -> int:
+    from xsearch.serialization import atomic_write_text, save_model, staged_directory
+    from xsearch.training.recipe import train_model
+
+    trained = train_model(cfg, task, settings, progress=not args.quiet, init=init)
     key = f"test_{metric_key(task.kind)}"
     metrics = {
         "steps": trained.result.steps,
@@ -82,6 +89,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         key: trained.test_metric,
         "chance": trained.chance,
         "parameters": trained.parameters,
+        "init": args.init,
     }
     with staged_directory(out) as stage:
         save_model(trained.model, stage, task=task.describe())
@@ -89,6 +97,25 @@ def cmd_train(args: argparse.Namespace) -> int:
     print(f"saved {out}  steps={trained.result.steps}  {key}={trained.test_metric:.4f} (chance "
           f"{trained.chance:.4f})  parameters={trained.parameters}")  # fmt: skip
     return 0
+
+
+def _train_from(args: argparse.Namespace, settings: TrainSettings, out) -> int:
+    """``xsearch train --init DIR``: the folder's model, trained further on the task."""
+    from xsearch.cli.args import MODEL_FLAGS
+    from xsearch.serialization import load_model
+
+    given = [flag for key, flag in MODEL_FLAGS.items() if getattr(args, key, None) is not None]
+    given += ["--config"] * (args.config is not None) + ["--set"] * bool(args.set)
+    if given:
+        raise UsageError(f"--init takes the architecture of {args.init}: leave out {given[0]}")
+    model = load_model(args.init)
+    name, options = checked_task(args.task, task_options(args))
+    task = build_task(name, options)
+    for key, value in task.model_fields().items():
+        if getattr(model.config, key) != value:
+            raise UsageError(f"--init {args.init} is a model with {key}={getattr(model.config, key)!r}, but the task "
+                             f"needs {key}={value!r}")  # fmt: skip
+    return _train_and_save(args, settings, out, task, model.config, init=model)
 
 
 def cmd_eval(args: argparse.Namespace) -> int:

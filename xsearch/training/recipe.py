@@ -41,12 +41,15 @@ def train_model(config, task, settings: TrainSettings, *, progress: bool | None 
     """
     import torch
 
+    from xsearch.config import ModelConfig
     from xsearch.model import build_model, count_parameters
 
     torch.manual_seed(settings.seed)
-    model = build_model(config)
-    if init is not None:
-        if init.config.to_dict() != model.config.to_dict():
+    if init is None:
+        model = build_model(config)
+    else:
+        wanted = config if isinstance(config, ModelConfig) else ModelConfig.from_dict(dict(config))
+        if init.config.to_dict() != wanted.to_dict():
             raise XSearchError("train_model: init is a model of another config")
         model = init
     result = train(model, task, progress=progress, **settings.loop_options())
