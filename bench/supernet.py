@@ -15,6 +15,7 @@ issue is ``--max-len 512 --subnets 24 --standalone-steps 1000`` (hours on 2 core
 
     python bench/supernet.py [--max-len 512] [--subnets 24] [--supernet-steps 3000] [--standalone-steps 1000]
                              [--proxy-steps 200] [--spaces default,per_layer] [--train-threads 2]
+                             [--json out.json] [--reuse earlier.json]
 """
 
 from __future__ import annotations
@@ -73,11 +74,25 @@ def run_space(name: str, task, args) -> dict:
                                                             seed=args.seed), progress=False)  # fmt: skip
     supernet_s = time.perf_counter() - start
 
+    earlier = {}
+    if args.reuse:  # the proxy and standalone figures of an earlier run with the same subnets and budgets
+        with open(args.reuse, encoding="utf-8") as f:
+            doc = json.load(f)
+        same = ("max_len", "n_train", "n_eval", "seed", "lr", "proxy_steps", "standalone_steps")
+        differ = [k for k in same if doc["args"][k] != getattr(args, k)]
+        if differ:
+            raise SystemExit(f"--reuse {args.reuse}: another task or budget ({', '.join(differ)})")
+        earlier = {r["config"]: r for res in doc["results"] if res["space"] == name for r in res["rows"]}
     rows = []
     for i, cfg in enumerate(subnets):
         t0 = time.perf_counter()
         inherited = evaluate(extract_subnet(sn, cfg), task, "valid")
         score_s = time.perf_counter() - t0
+        if describe_config(cfg) in earlier:
+            rows.append({**earlier[describe_config(cfg)], "inherited_valid": inherited, "score_s": score_s})
+            print(f"  [{name} {i + 1}/{len(subnets)}] {rows[-1]['config'][:70]:70s} inherited {inherited:.3f}  "
+                  "(proxy and standalone from --reuse)", file=sys.stderr, flush=True)  # fmt: skip
+            continue
         proxy = train_model(cfg, task, TrainSettings(steps=args.proxy_steps, lr=args.lr, seed=args.seed),
                             progress=False)  # fmt: skip
         proxy_valid = evaluate(proxy.model, task, "valid")
@@ -118,6 +133,8 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--train-threads", type=int, default=2)
     p.add_argument("--json", help="also write the results here")
+    p.add_argument("--reuse", metavar="JSON", help="take the proxy and standalone figures of subnets an earlier "
+                   "--json run trained with the same task and budgets (to vary only the supernet)")  # fmt: skip
     args = p.parse_args()
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(args.train_threads)
