@@ -51,7 +51,7 @@ class SuperTransformer(nn.Module):
         self.space = space
         self.task_fields = dict(task_fields)
         self.seed = seed
-        self._templates: OrderedDict[str, tuple[nn.Module, dict[str, str]]] = OrderedDict()
+        self._templates: OrderedDict[str, tuple[nn.Module, dict[str, tuple[str, tuple[int, ...]]]]] = OrderedDict()
         self.weights = nn.ParameterDict()
         tensors = self._initial_tensors() if init else None
         self.shapes = {name: tuple(t.shape) for name, t in (tensors or self._initial_tensors(meta=True)).items()}
@@ -138,8 +138,9 @@ class SuperTransformer(nn.Module):
             model = build_model(ModelConfig.from_dict(copy.deepcopy(cfg.to_dict())))
         return model
 
-    def _template(self, cfg: ModelConfig) -> tuple[nn.Module, dict[str, str]]:
-        """The built subnet (weights unused) and, per tensor it inherits, the supernet tensor's name."""
+    def _template(self, cfg: ModelConfig) -> tuple[nn.Module, dict[str, tuple[str, tuple[int, ...]]]]:
+        """The built subnet (weights unused) and, per tensor it inherits, the supernet tensor's name and the
+        subnet's shape of it (computed once per subnet: the training loop calls this every step)."""
         key = cfg.to_json()
         if key in self._templates:
             self._templates.move_to_end(key)
@@ -155,7 +156,7 @@ class SuperTransformer(nn.Module):
                     f"subnet {describe_config(cfg)} is not in the supernet's space {self.space.name!r}: its {name} "
                     f"needs {tuple(t.shape)}, the supernet holds {held}"
                 )
-            mapping[name] = source
+            mapping[name] = (source, tuple(t.shape))
         self._templates[key] = (model, mapping)
         while len(self._templates) > TEMPLATES_KEPT:
             self._templates.popitem(last=False)
@@ -168,15 +169,15 @@ class SuperTransformer(nn.Module):
 
     def subnet_tensors(self, subnet) -> dict[str, torch.Tensor]:
         """Subnet tensor name -> its leading slice of the supernet (views: gradients reach the supernet)."""
-        model, mapping = self._template(self.check_subnet(subnet))
-        shapes = {n: tuple(t.shape) for n, t in inherited_tensors(model)}
-        return {name: leading_slice(self.tensor(source), shapes[name]) for name, source in mapping.items()}
+        return self._slices(self._template(self.check_subnet(subnet))[1])
+
+    def _slices(self, mapping: dict[str, tuple[str, tuple[int, ...]]]) -> dict[str, torch.Tensor]:
+        return {name: leading_slice(self.tensor(source), shape) for name, (source, shape) in mapping.items()}
 
     def forward(self, input_ids: torch.Tensor, mask: torch.Tensor | None = None, *, subnet) -> torch.Tensor:
-        cfg = self.check_subnet(subnet)
-        model, _ = self._template(cfg)
+        model, mapping = self._template(self.check_subnet(subnet))
         model.train(self.training)
-        return functional_call(model, self.subnet_tensors(cfg), (input_ids, mask))
+        return functional_call(model, self._slices(mapping), (input_ids, mask))
 
     def bind(self, subnet) -> BoundSubnet:
         """``subnet`` as a module with the plain ``forward(input_ids, mask)``, on this supernet's weights."""
@@ -208,7 +209,7 @@ def _padded(src: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
     src = src.detach()
     std = float(src.float().std()) if src.numel() > 1 else 0.0
     out = torch.randn(shape, dtype=src.dtype) * std + float(src.float().mean())
-    out[tuple(slice(0, s) for s in src.shape)] = src
+    leading_slice(out, tuple(src.shape)).copy_(src)
     return out
 
 
