@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from xsearch.attention import build_attention, exporting
+from xsearch.attention._decode import lengths_of
 from xsearch.config import ModelConfig
 from xsearch.errors import XSearchError
 
@@ -48,6 +49,18 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         x = x + self.attn(self.ln1(x), mask)
         return x + self.ffn(self.ln2(x))
+
+    def prefill(self, x: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch.Tensor, dict]:
+        """``forward`` and the attention's decoding state."""
+        h, state = self.attn.prefill(self.ln1(x), mask)
+        x = x + h
+        return x + self.ffn(self.ln2(x)), state
+
+    def step(self, x_t: torch.Tensor, state: dict) -> tuple[torch.Tensor, dict]:
+        """One token per row, ``(B, D)``, through the block."""
+        h, state = self.attn.step(self.ln1(x_t), state)
+        x_t = x_t + h
+        return x_t + self.ffn(self.ln2(x_t)), state
 
 
 def sinusoidal_positions(n: int, d: int) -> torch.Tensor:
@@ -125,6 +138,72 @@ class XSearchModel(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         return self.head_logits(self.hidden_states(input_ids, mask), mask)
+
+    # -- decoding ---------------------------------------------------------------------------
+    def prefill(self, input_ids: torch.Tensor, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
+        """A causal LM on a prompt: its logits and the state ``step`` continues from.
+
+        Args:
+            input_ids: long ``(B, N)``, right-padded where prompts differ in length; mask: bool
+                ``(B, N)``, True = real token (None = all real).
+
+        Returns:
+            logits ``(B, N, vocab)`` (as ``forward``) and the state ``{"length": long (B,),
+            "layers": [one dict of tensors per depth]}``.
+        """
+        mask = self._check_decoder(input_ids, mask)
+        n = input_ids.shape[1]
+        x = self.embed(input_ids)
+        x = x + (self.pos.weight[:n] if self.config.pos_encoding == "learned" else self.pos_table[:n])
+        states = []
+        for block in self.layers():
+            x, state = block.prefill(x, mask)
+            states.append({k: t for k, t in state.items() if k != "length"})
+        return self.head(self.ln_f(x)), {"length": lengths_of(input_ids, mask), "layers": states}
+
+    def step(self, next_ids: torch.Tensor, state: dict) -> tuple[torch.Tensor, dict]:
+        """The next token of each row, ``long (B,)``, after what ``state`` has seen.
+
+        Returns:
+            logits ``(B, vocab)`` for the token after it, and the state that includes it. The
+            logits equal ``forward``'s at that position on the whole sequence.
+        """
+        self._check_decoder(None, None)
+        length = self._check_state(next_ids, state)
+        x = self.embed(next_ids)
+        x = x + (self.pos(length) if self.config.pos_encoding == "learned" else self.pos_table[length])
+        states = []
+        for block, layer_state in zip(self.layers(), state["layers"]):
+            x, new = block.step(x, {**layer_state, "length": length})
+            states.append({k: t for k, t in new.items() if k != "length"})
+        return self.head(self.ln_f(x)), {"length": length + 1, "layers": states}
+
+    def _check_decoder(self, input_ids: torch.Tensor | None, mask: torch.Tensor | None) -> torch.Tensor | None:
+        if not (self.config.causal and self.config.head == "lm"):
+            raise XSearchError(
+                f"prefill/step need a causal language model (causal=True, head='lm'); this one has "
+                f"causal={self.config.causal}, head={self.config.head!r}"
+            )
+        return None if input_ids is None else self._check(input_ids, mask)
+
+    def _check_state(self, next_ids: torch.Tensor, state: dict) -> torch.Tensor:
+        if not isinstance(next_ids, torch.Tensor) or next_ids.dim() != 1 or next_ids.dtype not in (torch.int64, torch.int32):
+            shape = tuple(next_ids.shape) if isinstance(next_ids, torch.Tensor) else type(next_ids).__name__
+            raise XSearchError(f"step needs next_ids as a 1-D integer tensor (B,), got {shape}")
+        if not isinstance(state, dict) or "length" not in state or "layers" not in state:
+            raise XSearchError("step needs the state that prefill or step returned ({'length', 'layers'})")
+        if len(state["layers"]) != self.config.n_layers:
+            raise XSearchError(f"the state has {len(state['layers'])} layers, the model {self.config.n_layers}")
+        length = state["length"]
+        if length.shape != next_ids.shape:
+            raise XSearchError(f"next_ids has {next_ids.shape[0]} rows, the state {length.shape[0]}")
+        if not exporting():
+            if int(length.max()) >= self.config.max_len:
+                raise XSearchError(f"the sequence would exceed max_len={self.config.max_len}")
+            if next_ids.min() < 0 or next_ids.max() >= self.config.vocab_size:
+                bad = next_ids[(next_ids < 0) | (next_ids >= self.config.vocab_size)][0].item()
+                raise XSearchError(f"token id {bad} outside the vocabulary [0, {self.config.vocab_size})")
+        return length
 
     def head_logits(self, h: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         """Logits from final hidden states (mean-pooled over real tokens for ``classify``)."""

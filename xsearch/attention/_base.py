@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from xsearch.attention._decode import State, append_at, lengths_of, slot_mask, take_at
 from xsearch.attention._fused import fused_attention, fused_attention_applies
 from xsearch.errors import XSearchError
 
@@ -131,6 +132,8 @@ class Attention(nn.Module):
     """
 
     spec: ClassVar[AttentionSpec]
+    #: The tensors of the decoding state besides ``length`` (see ``prefill``), in export order.
+    state_names: ClassVar[tuple[str, ...]] = ("inputs",)
     # False where forward reads q/k/v_proj weights directly instead of calling the modules
     # (then tools that swap modules, such as torch dynamic quantization, must leave them).
     projections_called_as_modules: ClassVar[bool] = True
@@ -222,6 +225,64 @@ class Attention(nn.Module):
         q, k, v = self.project_qkv(x)
         out = self.attend(q, k, v, mask)  # (B, H, N, Dh)
         return self.finish(out, mask)
+
+    # -- decoding ---------------------------------------------------------------------------
+    def prefill(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, State]:
+        """The causal layer on a prompt, and the state ``step`` continues from.
+
+        Args:
+            x: ``(B, N, D)``, right-padded where prompts differ in length; mask: bool ``(B, N)``,
+                True = real token (None = all real).
+
+        Returns:
+            ``(B, N, D)`` (what ``forward`` returns) and the state: ``length: long (B,)`` and the
+            tensors named in ``state_names``.
+
+        This default keeps the layer's inputs, ``inputs: (B, N, D)``, and recomputes the layer over
+        them for each new token: exact for every causal variant (an output depends on earlier
+        tokens only, which the conformance tests check), a whole forward pass per token. Variants
+        whose attention has a cheaper state (a KV cache, a window, running sums) override both.
+
+        Raises:
+            ValueError: the layer is not causal, or ``x``/``mask`` have the wrong shape.
+        """
+        mask = self.check_decoding(x, mask)
+        kept = x if mask is None else x * mask[..., None].to(x.dtype)
+        return self.forward(x, mask), {"length": lengths_of(x, mask), "inputs": kept}
+
+    def step(self, x_t: torch.Tensor, state: State) -> tuple[torch.Tensor, State]:
+        """One new token per row, ``x_t: (B, D)``, after the tokens ``state`` has seen.
+
+        Returns:
+            ``(B, D)``: what ``forward`` gives at that position on the whole sequence, and the
+            state that includes the token.
+        """
+        length = self.check_step(x_t, state)
+        seen = append_at(state["inputs"], x_t, length, dim=1)  # (B, S + 1, D)
+        y = self.forward(seen, slot_mask(length + 1, seen.shape[1]))
+        return take_at(y, length, dim=1), {"length": length + 1, "inputs": seen}
+
+    def check_decoding(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor | None:
+        """``check_input``, and that this layer decodes (is causal)."""
+        if not self.causal:
+            raise XSearchError(f"{self.spec.name}: prefill/step need a causal layer (built with causal=True)")
+        return self.check_input(x, mask)
+
+    def check_step(self, x_t: torch.Tensor, state: State) -> torch.Tensor:
+        """Validate a step's input and state; return ``state["length"]``."""
+        if not self.causal:
+            raise XSearchError(f"{self.spec.name}: prefill/step need a causal layer (built with causal=True)")
+        if not isinstance(x_t, torch.Tensor) or x_t.dim() != 2 or x_t.shape[-1] != self.d_model:
+            shape = tuple(x_t.shape) if isinstance(x_t, torch.Tensor) else type(x_t).__name__
+            raise XSearchError(f"{self.spec.name}: step needs x_t of shape (B, {self.d_model}), got {shape}")
+        missing = [k for k in ("length", *self.state_names) if k not in state]
+        if missing:
+            raise XSearchError(f"{self.spec.name}: the state has no {missing[0]!r} (a state of another variant?)")
+        length = state["length"]
+        if length.shape != (x_t.shape[0],):
+            raise XSearchError(f"{self.spec.name}: state length has shape {tuple(length.shape)}, "
+                               f"the batch is {x_t.shape[0]}")  # fmt: skip
+        return length
 
     def project_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``q_proj``, ``k_proj``, ``v_proj`` of ``x``, split into heads ``(B, H, N, Dh)`` each.

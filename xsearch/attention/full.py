@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from xsearch.attention._base import Attention, AttentionSpec, sdpa
+from xsearch.attention._decode import append_at, lengths_of, slot_mask
 from xsearch.attention._registry import register
 
 
@@ -20,7 +21,31 @@ from xsearch.attention._registry import register
     )
 )
 class FullAttention(Attention):
-    """Softmax attention through ``F.scaled_dot_product_attention`` (fused on CPU and CUDA)."""
+    """Softmax attention through ``F.scaled_dot_product_attention`` (fused on CPU and CUDA).
+
+    Decoding state: the KV cache, ``key`` and ``value`` ``(B, H, N, Dh)``, growing by one slot a token.
+    """
+
+    state_names = ("key", "value")
+
+    def prefill(self, x, mask=None):
+        mask = self.check_decoding(x, mask)
+        q, k, v = self.project_qkv(x)  # (B, H, N, Dh)
+        y = self.finish(self.attend(q, k, v, mask), mask)
+        length = lengths_of(x, mask)
+        if mask is not None:  # padded slots hold zeros, never read
+            real = mask[:, None, :, None].to(k.dtype)
+            k, v = k * real, v * real
+        return y, {"length": length, "key": k, "value": v}
+
+    def step(self, x_t, state):
+        length = self.check_step(x_t, state)
+        q, k, v = self.project_qkv(x_t[:, None])  # (B, H, 1, Dh)
+        key = append_at(state["key"], k[:, :, 0], length, dim=2)  # (B, H, S + 1, Dh)
+        value = append_at(state["value"], v[:, :, 0], length, dim=2)
+        seen = slot_mask(length + 1, key.shape[2])[:, None, None, :]  # (B, 1, 1, S + 1)
+        out = sdpa(q, key, value, seen)  # (B, H, 1, Dh)
+        return self.finish(out, None)[:, 0], {"length": length + 1, "key": key, "value": value}
 
     def attend(self, q, k, v, mask):
         # q, k, v: (B, H, N, Dh)

@@ -5,7 +5,10 @@ the Image Transformer's 1-D local attention): the sequence is cut into blocks of
 
 from __future__ import annotations
 
-from xsearch.attention._base import Attention, AttentionSpec, positive_int
+import torch
+
+from xsearch.attention._base import Attention, AttentionSpec, positive_int, sdpa
+from xsearch.attention._decode import lengths_of, ring_from_prefix, ring_positions, ring_write
 from xsearch.attention._blocks import (
     block_windows,
     blocked_sdpa,
@@ -34,7 +37,38 @@ class LocalAttention(Attention):
 
     In causal mode keys after the query inside its own block are masked too. The sequence
     is padded to a whole number of blocks inside; that padding is masked.
+
+    Decoding state: a ring buffer of the last ``(lookback + 1) * block_size`` keys and values,
+    ``key`` and ``value`` ``(B, H, R, Dh)``, constant in the context length.
     """
+
+    state_names = ("key", "value")
+
+    @property
+    def ring_size(self) -> int:
+        """Slots of the decoding ring: the widest window a query sees, itself included."""
+        return (self.params["lookback"] + 1) * self.params["block_size"]
+
+    def prefill(self, x, mask=None):
+        mask = self.check_decoding(x, mask)
+        q, k, v = self.project_qkv(x)
+        y = self.finish(self.attend(q, k, v, mask), mask)
+        length = lengths_of(x, mask)
+        ring = self.ring_size
+        state = {"key": ring_from_prefix(k, length, ring, dim=2), "value": ring_from_prefix(v, length, ring, dim=2)}
+        return y, {"length": length, **state}
+
+    def step(self, x_t, state):
+        length = self.check_step(x_t, state)
+        bs, lb = self.params["block_size"], self.params["lookback"]
+        q, k, v = self.project_qkv(x_t[:, None])  # (B, H, 1, Dh)
+        key = ring_write(state["key"], k[:, :, 0], length, dim=2)  # (B, H, R, Dh)
+        value = ring_write(state["value"], v[:, :, 0], length, dim=2)
+        pos = ring_positions(length, key.shape[2])  # (B, R): the position each slot holds
+        first = length - torch.remainder(length, bs) - lb * bs  # the window's first position
+        seen = (pos >= first[:, None]) & (pos >= 0)
+        out = sdpa(q, key, value, seen[:, None, None, :])  # (B, H, 1, Dh)
+        return self.finish(out, None)[:, 0], {"length": length + 1, "key": key, "value": value}
 
     def check_params(self, block_size, lookback):
         positive_int("local", "block_size", block_size)

@@ -7,6 +7,7 @@ import math
 import torch
 
 from xsearch.attention._base import Attention, AttentionSpec, exporting, positive_int
+from xsearch.attention._decode import lengths_of
 from xsearch.attention._kernel_core import KERNEL_EPS, NEG, kernel_attention
 from xsearch.attention._registry import register
 from xsearch.errors import XSearchError
@@ -55,7 +56,40 @@ class PerformerAttention(Attention):
     encoder's stabiliser on the prefix, so a decoder output equals the encoder's on its prefix.
     (A data-independent bound such as ``|w|²/2`` made the features so small that the normaliser
     lost its precision.)
+
+    Decoding state: ``kv = Σ w_j phi(k_j) v_jᵀ`` ``(B, H, M, Dh)``, ``z = Σ w_j phi(k_j)`` ``(B, H, M)``
+    and ``max`` ``(B, H)``, the largest key log-scale so far, with ``w_j = exp(s_j - max)``: the
+    causal computation's stabiliser carried as an online-softmax rescaling, constant in N.
     """
+
+    state_names = ("kv", "z", "max")
+
+    def prefill(self, x, mask=None):
+        mask = self.check_decoding(x, mask)
+        q, k, v = self.project_qkv(x)
+        phi_q = self._features(q, True, mask)
+        phi_k, s = self._causal_key_features(k, mask)  # (B, H, N, M), (B, H, N)
+        out = kernel_attention(phi_q, phi_k, v, causal=True, chunk=self.params["chunk_size"], key_logscale=s)
+        top = s.amax(dim=-1)  # (B, H)
+        w = (s - top[..., None]).exp()[..., None]  # (B, H, N, 1); 0 at padded keys
+        kv = torch.matmul((phi_k * w).transpose(-1, -2), v)  # (B, H, M, Dh)
+        state = {"length": lengths_of(x, mask), "kv": kv, "z": (phi_k * w).sum(2), "max": top}
+        return self.finish(out, mask), state
+
+    def step(self, x_t, state):
+        length = self.check_step(x_t, state)
+        q, k, v = self.project_qkv(x_t[:, None])  # (B, H, 1, Dh)
+        phi_q = self._features(q, True, None)[:, :, 0]  # (B, H, M)
+        phi_k, s = self._causal_key_features(k, None)  # (B, H, 1, M), (B, H, 1)
+        top = torch.maximum(state["max"], s[..., 0])  # (B, H)
+        decay = (state["max"] - top).exp()[..., None]  # (B, H, 1)
+        w = (s[..., 0] - top).exp()[..., None]
+        kv = state["kv"] * decay[..., None] + torch.matmul(phi_k.transpose(-1, -2), v) * w[..., None]
+        z = state["z"] * decay + phi_k[:, :, 0] * w  # (B, H, M)
+        num = torch.matmul(phi_q[:, :, None], kv)  # (B, H, 1, Dh)
+        den = (phi_q * z).sum(-1).clamp_min(KERNEL_EPS)  # (B, H)
+        out = num / den[..., None, None]
+        return self.finish(out, None)[:, 0], {"length": length + 1, "kv": kv, "z": z, "max": top}
 
     def check_params(self, nb_features, redraw, chunk_size):
         positive_int("performer", "nb_features", nb_features)
