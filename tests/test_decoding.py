@@ -114,8 +114,10 @@ def _small_layer(name):
     "model",
     [
         pytest.param(lambda: _lm([_small_layer("linear"), _small_layer("local"), _small_layer("xl")]), id="per-layer"),
-        pytest.param(lambda: _lm(attention="performer", attention_params={"nb_features": 16},
-                                 weight_sharing="all", n_layers=3), id="shared"),  # fmt: skip
+        pytest.param(
+            lambda: _lm(attention="performer", attention_params={"nb_features": 16}, weight_sharing="all", n_layers=3),
+            id="shared",
+        ),  # fmt: skip
         pytest.param(lambda: _lm(pos_encoding="learned"), id="learned-positions"),
     ],
 )

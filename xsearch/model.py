@@ -187,7 +187,8 @@ class XSearchModel(nn.Module):
         return None if input_ids is None else self._check(input_ids, mask)
 
     def _check_state(self, next_ids: torch.Tensor, state: dict) -> torch.Tensor:
-        if not isinstance(next_ids, torch.Tensor) or next_ids.dim() != 1 or next_ids.dtype not in (torch.int64, torch.int32):
+        integer = isinstance(next_ids, torch.Tensor) and next_ids.dtype in (torch.int64, torch.int32)
+        if not integer or next_ids.dim() != 1:
             shape = tuple(next_ids.shape) if isinstance(next_ids, torch.Tensor) else type(next_ids).__name__
             raise XSearchError(f"step needs next_ids as a 1-D integer tensor (B,), got {shape}")
         if not isinstance(state, dict) or "length" not in state or "layers" not in state:

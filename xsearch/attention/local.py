@@ -8,7 +8,6 @@ from __future__ import annotations
 import torch
 
 from xsearch.attention._base import Attention, AttentionSpec, positive_int, sdpa
-from xsearch.attention._decode import lengths_of, ring_from_prefix, ring_positions, ring_write
 from xsearch.attention._blocks import (
     block_windows,
     blocked_sdpa,
@@ -17,6 +16,7 @@ from xsearch.attention._blocks import (
     to_blocks,
     window_positions,
 )
+from xsearch.attention._decode import lengths_of, ring_from_prefix, ring_positions, ring_write
 from xsearch.attention._registry import register
 from xsearch.errors import XSearchError
 
