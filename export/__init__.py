@@ -14,6 +14,7 @@ _LAZY = by_module(
         "xsearch.export.errors": "ExportParityError",
         "xsearch.export.quantize": "quantize_onnx QUANTIZE_MODES",
         "xsearch.export.predictor": "Predictor Prediction read_metadata",
+        "xsearch.export.generator": "Generator",
         "xsearch.export.settings": "ExportSettings",
         "xsearch.export.serve": "serve Server ServeSettings build_app",
     }

@@ -35,3 +35,26 @@ def parse_metadata(props: dict[str, str], source: str) -> dict[str, Any]:
         }
     except json.JSONDecodeError as e:
         raise XSearchError(f"{source}: malformed xsearch metadata ({e})") from None
+
+
+#: JSON of a decoder export: its role ("prefill" | "step"), both files' names and the state's names.
+KEY_DECODER = "xsearch_decoder"
+PAST_LENGTH, PRESENT_LENGTH = "past_length", "present_length"
+
+
+def decoder_names(layout: list[tuple[int, str, bool]]) -> dict[str, list[str]]:
+    """Graph input/output names of a decoder's state, from ``(depth, name, is_kv_cache)`` per tensor."""
+    past = [f"past_key_values.{i}.{n}" if kv else f"state.{i}.{n}" for i, n, kv in layout]
+    present = [f"present.{i}.{n}" if kv else f"present_state.{i}.{n}" for i, n, kv in layout]
+    return {
+        "state_inputs": past,
+        "state_outputs": present,
+        "prefill_outputs": [PRESENT_LENGTH, *present],
+        "step_inputs": [INPUTS[0], PAST_LENGTH, *past],
+        "step_outputs": [PRESENT_LENGTH, *present],
+    }
+
+
+def step_path_for(path):
+    """The step graph's file beside a decoder's prefill file: ``m.onnx`` -> ``m.step.onnx``."""
+    return path.with_name(path.stem + ".step.onnx")

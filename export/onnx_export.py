@@ -21,7 +21,7 @@ from xsearch.config import describe_config
 from xsearch.errors import XSearchError
 from xsearch.export.contrib_ops import custom_translations
 from xsearch.export.errors import ExportParityError
-from xsearch.export.metadata import INPUTS, OUTPUT, build_metadata
+from xsearch.export.metadata import INPUTS, OUTPUT, build_metadata, step_path_for
 
 log = logging.getLogger("xsearch.export")
 TOLERANCE = 1e-4
@@ -81,6 +81,7 @@ def to_onnx(
     task: dict[str, Any] | None = None,
     tolerance: float = TOLERANCE,
     portable: bool = False,
+    decoder: bool = False,
 ) -> ExportReport:
     """Export an ``XSearchModel`` to one ONNX file with dynamic batch and length.
 
@@ -96,6 +97,10 @@ def to_onnx(
     Attention without a per-query mask becomes onnxruntime's ``com.microsoft.MultiHeadAttention``
     (a flash kernel on CPU); ``portable=True`` keeps to standard ONNX operators instead, for
     other runtimes, at some speed.
+
+    ``decoder=True`` exports a causal LM for generation instead: its prefill graph at ``path`` and its
+    step graph beside it (``m.step.onnx``), the decoding state as named inputs and outputs (see
+    ``xsearch.export.decoder``), checked by greedy generation against torch; ``Generator`` runs it.
     """
     from xsearch import __version__
 
@@ -110,6 +115,16 @@ def to_onnx(
     start = time.perf_counter()
     was_training = model.training
     model.eval()
+    if decoder:
+        from xsearch.export.decoder import export_decoder
+
+        try:
+            diff, lengths = export_decoder(model, path, opset=opset, check=check, task=task, tolerance=tolerance,
+                                           portable=portable, version=__version__)  # fmt: skip
+        finally:
+            model.train(was_training)
+        size = path.stat().st_size + step_path_for(path).stat().st_size
+        return ExportReport(str(path), diff, lengths, time.perf_counter() - start, size)
     n_example = example_length(config.max_len)
     example = _example(config.vocab_size, 2, n_example, 0, padded=True)
     batch, seq = torch.export.Dim.DYNAMIC, torch.export.Dim.DYNAMIC

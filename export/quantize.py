@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import tempfile
@@ -12,7 +13,7 @@ import numpy as np
 import onnx
 
 from xsearch.errors import MissingPathError, XSearchError
-from xsearch.export.metadata import INPUTS
+from xsearch.export.metadata import INPUTS, KEY_DECODER, step_path_for
 
 log = logging.getLogger("xsearch.export")
 QUANTIZE_MODES = ("dynamic-int8", "static-int8", "fp16")
@@ -26,6 +27,48 @@ def _copy_metadata(src: onnx.ModelProto, dst_path: Path, mode: str) -> None:
             dst.metadata_props.add(key=e.key, value=e.value)
     dst.metadata_props.add(key="xsearch_quantization", value=mode)
     onnx.save_model(dst, str(dst_path))
+
+
+def _decoder_info(proto: onnx.ModelProto) -> dict | None:
+    raw = {e.key: e.value for e in proto.metadata_props}.get(KEY_DECODER)
+    return None if raw is None else json.loads(raw)
+
+
+def _quantize_decoder(src: Path, dst: Path, mode: str, decoder: dict) -> Path:
+    """Both graphs of a decoder export, each renamed after ``dst`` in the other's metadata; the
+    prefill file is written last, so a file that exists names a step file that exists too."""
+    if mode == "static-int8":
+        raise XSearchError("static-int8 needs calibration inputs a decoder's step graph does not have; use "
+                           "dynamic-int8")  # fmt: skip
+    if decoder["role"] != "prefill":
+        raise XSearchError(f"{src} is a decoder's step graph; quantize its prefill file {decoder['prefill_file']}")
+    step_src, step_dst = src.with_name(decoder["step_file"]), step_path_for(dst)
+    if not step_src.is_file():
+        raise MissingPathError(f"no such ONNX file: {step_src} (the step graph {src} names)")
+    names = {**decoder, "prefill_file": dst.name, "step_file": step_dst.name}
+    for one_src, one_dst, role in ((step_src, step_dst, "step"), (src, dst, "prefill")):
+        tmp = one_dst.with_name(f".{one_dst.name}.q-{os.getpid()}.onnx")
+        try:
+            quantize_onnx(_without_decoder_info(one_src, tmp), tmp, mode)
+            proto = onnx.load(str(tmp))
+            proto.metadata_props.add(key=KEY_DECODER, value=json.dumps({**names, "role": role}, sort_keys=True))
+            onnx.save_model(proto, str(tmp))
+            os.replace(tmp, one_dst)
+        finally:
+            tmp.unlink(missing_ok=True)
+    return dst
+
+
+def _without_decoder_info(src: Path, dst: Path) -> Path:
+    """A copy of ``src`` at ``dst`` without the decoder metadata (so it quantizes as one graph)."""
+    proto = onnx.load(str(src))
+    keep = [(e.key, e.value) for e in proto.metadata_props if e.key != KEY_DECODER]
+    del proto.metadata_props[:]
+    for key, value in keep:
+        proto.metadata_props.add(key=key, value=value)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save_model(proto, str(dst))
+    return dst
 
 
 class _Calibration:
@@ -74,6 +117,9 @@ def quantize_onnx(
     if not src.is_file():
         raise MissingPathError(f"no such ONNX file: {src}")
     original = onnx.load(str(src))
+    decoder = _decoder_info(original)
+    if decoder is not None:
+        return _quantize_decoder(src, dst, mode, decoder)
     tmp = dst.with_name(f".{dst.name}.tmp-{os.getpid()}")
     dst.parent.mkdir(parents=True, exist_ok=True)
     try:

@@ -22,6 +22,7 @@ _LAZY = {
     "describe_config": "xsearch.config",
     "build_model": "xsearch.model",
     "count_parameters": "xsearch.model",
+    "generate": "xsearch.generation",
     "save_model": "xsearch.serialization",
     "load_model": "xsearch.serialization",
     "load_config": "xsearch.serialization",
@@ -54,6 +55,7 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # pragma: no cover
     from xsearch.attention import AttentionSpec, attention_spec, build_attention, list_attentions  # noqa: F401
     from xsearch.config import ModelConfig, describe_config  # noqa: F401
+    from xsearch.generation import generate  # noqa: F401
     from xsearch.model import build_model, count_parameters  # noqa: F401
     from xsearch.serialization import load_config, load_model, save_model  # noqa: F401
     from xsearch.training import (  # noqa: F401

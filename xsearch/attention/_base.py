@@ -134,6 +134,9 @@ class Attention(nn.Module):
     spec: ClassVar[AttentionSpec]
     #: The tensors of the decoding state besides ``length`` (see ``prefill``), in export order.
     state_names: ClassVar[tuple[str, ...]] = ("inputs",)
+    #: Whether ``key``/``value`` of the state are a growing KV cache ``(B, H, past, Dh)`` (exported
+    #: under onnxruntime-genai's names ``past_key_values.{i}.key`` -> ``present.{i}.key``).
+    kv_cache: ClassVar[bool] = False
     # False where forward reads q/k/v_proj weights directly instead of calling the modules
     # (then tools that swap modules, such as torch dynamic quantization, must leave them).
     projections_called_as_modules: ClassVar[bool] = True

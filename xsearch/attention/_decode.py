@@ -63,10 +63,8 @@ def ring_from_prefix(t: torch.Tensor, length: torch.Tensor, size: int, dim: int)
     idx = _along(pos.clamp(min=0), t, dim)
     shape = list(t.shape)
     shape[dim] = size
-    if t.shape[dim] < size:  # fewer entries than slots: pad so every index is in range
-        pad = list(t.shape)
-        pad[dim] = size - t.shape[dim]
-        t = torch.cat([t, t.new_zeros(pad)], dim=dim)
+    # Every index is below length <= N, so no padding is needed (and no branch on N, which an
+    # export would freeze into the graph) even where the ring has more slots than t has entries.
     out = torch.gather(t, dim, idx.expand(shape))
     return out * _along(held, out, dim).to(out.dtype)
 

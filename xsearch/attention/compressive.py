@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from xsearch.attention._base import AttentionSpec, pad_to_multiple, positive_int
+from xsearch.attention._decode import lengths_of, ring_from_prefix, ring_positions, ring_write
 from xsearch.attention._registry import register
 from xsearch.attention.xl import XLAttention
 from xsearch.errors import XSearchError
@@ -49,7 +50,18 @@ class CompressiveAttention(XLAttention):
     ``segment_len`` and ``mem_len`` must be multiples of ``compression``. The defaults give
     the same key window as ``xl``'s (256 slots per segment) while reaching 64 + 4·64 = 320
     positions back instead of 128.
+
+    Decoding state, constant in the context length N: ``xl``'s ring of keys and values of the
+    last ``mem_len + segment_len`` positions, ``key`` and ``value`` ``(B, H, M + L, Dh)``; the
+    inputs of the group being compressed, ``group`` ``(B, c, D)`` (slot ``p mod c``); and a ring
+    of the keys and values of the latest ``cmem_len + (mem_len + segment_len) / c`` compressed
+    slots, ``ckey`` and ``cvalue`` ``(B, H, Rc, Dh)``: a slot is compressed (and projected) at the
+    step that completes its group, while the memory and the segment still hold its positions,
+    and becomes visible once a segment's memory starts after it. With ``cmem_len = 0`` the last
+    three are empty.
     """
+
+    state_names = ("key", "value", "group", "ckey", "cvalue")
 
     def check_params(
         self, segment_len: int, mem_len: int, cmem_len: int = 0, compression: int = 1, compress_fn: str = "conv"
@@ -104,3 +116,83 @@ class CompressiveAttention(XLAttention):
         idx = torch.arange(n_segments, device=dev)[:, None] * (seg // c) - mem // c - cmem
         idx = idx + torch.arange(cmem, device=dev)  # (S, C)
         return k, v, (count > 0).to(real.dtype), idx
+
+    # -- decoding ------------------------------------------------------------------------------
+    @property
+    def cring_size(self) -> int:
+        """Compressed slots of the decoding state: those a query sees, and the newer ones that
+        are complete but still inside the memory or the segment (at most ``(M + L) / c``)."""
+        cmem, c = self.params["cmem_len"], self.params["compression"]
+        if cmem == 0:
+            return 0
+        return cmem + (self.params["mem_len"] + self.params["segment_len"]) // c
+
+    @property
+    def n_distances(self) -> int:
+        return self.params["cmem_len"] + self.ring_size
+
+    def prefill(self, x, mask=None):
+        mask = self.check_decoding(x, mask)
+        y, k, v, extra = self._run(x, mask)
+        length = lengths_of(x, mask)
+        state = {"length": length, **self._ring_state(k, v, length)}
+        if extra is None:  # no compressed memory (cmem_len = 0): empty tensors
+            b, h, dh = x.shape[0], self.n_heads, self.head_dim
+            empty = x.new_zeros(b, h, 0, dh)
+            return y, {**state, "group": x.new_zeros(b, 0, self.d_model), "ckey": empty, "cvalue": empty}
+        c, ring = self.params["compression"], self.cring_size
+        ck, cv, _, _ = extra  # (B, T, H, Dh): group t summarises positions [tc, (t+1)c)
+        done = torch.div(length, c, rounding_mode="floor")  # complete groups (a partial one is still open)
+        state["group"] = ring_from_prefix(x, length, c, dim=1)  # (B, c, D): the open group's inputs so far
+        state["ckey"] = ring_from_prefix(ck.transpose(1, 2), done, ring, dim=2)  # (B, H, Rc, Dh)
+        state["cvalue"] = ring_from_prefix(cv.transpose(1, 2), done, ring, dim=2)
+        return y, state
+
+    def step(self, x_t, state):
+        length = self.check_step(x_t, state)
+        q, key, value, dist, seen = self._ring_step(x_t, state, length)
+        new = {"length": length + 1, "key": key, "value": value}
+        if self.params["cmem_len"] == 0:
+            out = self._attend_one(q, key, value, dist, seen)
+            new.update(group=state["group"], ckey=state["ckey"], cvalue=state["cvalue"])
+            return self.finish(out, None)[:, 0], new
+        group, ckey, cvalue, cdist, cseen = self._compress_step(x_t, state, length)
+        out = self._attend_one(
+            q, torch.cat([ckey, key], dim=2), torch.cat([cvalue, value], dim=2),
+            torch.cat([cdist, dist], dim=1), torch.cat([cseen, seen], dim=1),
+        )  # fmt: skip
+        new.update(group=group, ckey=ckey, cvalue=cvalue)
+        return self.finish(out, None)[:, 0], new
+
+    def _compress_step(self, x_t: torch.Tensor, state, length: torch.Tensor):
+        """Add the new token (position ``length``) to its group; where that completes the group,
+        compress it and write its key and value into the compressed ring.
+
+        Returns:
+            the updated ``group``, ``ckey`` and ``cvalue``, and for each compressed slot its
+            distance to the query ``long (B, Rc)`` and whether the query sees it, bool ``(B, Rc)``.
+        """
+        cmem, c = self.params["cmem_len"], self.params["compression"]
+        seg, mem = self.params["segment_len"], self.params["mem_len"]
+        b, d = x_t.shape
+        group = ring_write(state["group"], x_t, length, dim=1)  # (B, c, D), slot j = position tc + j
+        # Compressed every step and kept only where the group is complete (no data-dependent branch).
+        if self.compress is not None:
+            w = self.compress.weight.permute(0, 2, 1).reshape(d, c * d)  # as in older_memory
+            cm = F.linear(group.reshape(b, c * d), w, self.compress.bias)  # (B, D)
+        else:  # a complete group has c real states
+            cm = group.sum(1) / c
+        kc = self.k_proj(cm).view(b, self.n_heads, self.head_dim)  # (B, H, Dh)
+        vc = self.v_proj(cm).view(b, self.n_heads, self.head_dim)
+        n_done = torch.div(length + 1, c, rounding_mode="floor")  # complete groups after this token
+        complete = (torch.remainder(length + 1, c) == 0)[:, None, None, None]
+        ckey = torch.where(complete, ring_write(state["ckey"], kc, n_done - 1, dim=2), state["ckey"])
+        cvalue = torch.where(complete, ring_write(state["cvalue"], vc, n_done - 1, dim=2), state["cvalue"])
+        held = ring_positions(n_done - 1, ckey.shape[2])  # (B, Rc): the group each slot holds
+        # The query's segment sees groups [t0 - C, t0), t0 = (segment start - M) / c; window slot
+        # j = g - t0 + C sits at distance C + M + i - j = M + i + t0 - g (i: index in the segment).
+        i = torch.remainder(length, seg)
+        t0 = torch.div(length - i - mem, c, rounding_mode="floor")
+        seen = (held >= (t0 - cmem)[:, None]) & (held < t0[:, None]) & (held >= 0)
+        dist = (mem + i + t0)[:, None] - held
+        return group, ckey, cvalue, dist, seen

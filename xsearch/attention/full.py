@@ -27,6 +27,7 @@ class FullAttention(Attention):
     """
 
     state_names = ("key", "value")
+    kv_cache = True
 
     def prefill(self, x, mask=None):
         mask = self.check_decoding(x, mask)

@@ -14,6 +14,7 @@ from torch import nn
 
 from xsearch.attention._base import Attention, AttentionSpec, pad_to_multiple, positive_int, sdpa, slice_linear
 from xsearch.attention._blocks import band_attention
+from xsearch.attention._decode import lengths_of, ring_from_prefix, ring_write
 from xsearch.attention._registry import register
 from xsearch.errors import XSearchError
 
@@ -74,7 +75,14 @@ class LongformerAttention(Attention):
 
     With ``causal=True`` global attention is switched off (``n_global`` is forced to 0 and
     the global projections are not created): a global token would see the future.
+
+    Decoding state: a ring buffer of the last ``window * dilation + 1`` keys and values (every
+    position a later query can still reach), ``key`` and ``value`` ``(B, H, R, Dh)``, constant in
+    the context length; a step gathers the ``window + 1`` keys of its dilated window from it. A causal
+    layer has no global tokens, so there are no global keys to keep.
     """
+
+    state_names = ("key", "value")
 
     def check_params(self, window, dilation, n_global):
         positive_int("longformer", "window", window)
@@ -92,6 +100,34 @@ class LongformerAttention(Attention):
             self.q_global = nn.Linear(self.d_model, inner)
             self.k_global = nn.Linear(self.d_model, inner)
             self.v_global = nn.Linear(self.d_model, inner)
+
+    @property
+    def ring_size(self) -> int:
+        """Slots of the decoding ring: the span from the farthest key a query sees to itself."""
+        return self.params["window"] * self.params["dilation"] + 1
+
+    def prefill(self, x, mask=None):
+        mask = self.check_decoding(x, mask)  # causal: no global tokens, forward is the window alone
+        q, k, v = self.project_qkv(x)  # (B, H, N, Dh)
+        real = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device) if mask is None else mask
+        y = self.finish(self._window(q, k, v, real, None, None, None, self.dropout_p if self.training else 0.0), mask)
+        length = lengths_of(x, mask)
+        ring = self.ring_size
+        state = {"key": ring_from_prefix(k, length, ring, dim=2), "value": ring_from_prefix(v, length, ring, dim=2)}
+        return y, {"length": length, **state}
+
+    def step(self, x_t, state):
+        length = self.check_step(x_t, state)
+        w, dil = self.params["window"], self.params["dilation"]
+        q, k, v = self.project_qkv(x_t[:, None])  # (B, H, 1, Dh)
+        key = ring_write(state["key"], k[:, :, 0], length, dim=2)  # (B, H, R, Dh)
+        value = ring_write(state["value"], v[:, :, 0], length, dim=2)
+        b, h, r, dh = key.shape
+        pos = length[:, None] - dil * torch.arange(w + 1, device=length.device)[None, :]  # (B, w+1): the window
+        idx = torch.remainder(pos, r)[:, None, :, None].expand(b, h, w + 1, dh)  # their ring slots
+        kw, vw = torch.gather(key, 2, idx), torch.gather(value, 2, idx)  # (B, H, w+1, Dh)
+        out = sdpa(q, kw, vw, (pos >= 0)[:, None, None, :])  # (B, H, 1, Dh)
+        return self.finish(out, None)[:, 0], {"length": length + 1, "key": key, "value": value}
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         mask = self.check_input(x, mask)

@@ -23,6 +23,7 @@ from xsearch.attention._base import (
     slice_param,
 )
 from xsearch.attention._blocks import real_tokens
+from xsearch.attention._decode import lengths_of, ring_from_prefix, ring_positions, ring_write
 from xsearch.attention._registry import register
 from xsearch.errors import XSearchError
 
@@ -79,7 +80,14 @@ class XLAttention(Attention):
     ``torch.no_grad``/inference mode the detached and live projections are identical, so the
     keys are projected once. Subclasses may prepend further (older) memory slots through
     ``older_memory``; relative distances then count one position per slot.
+
+    Decoding state: a ring buffer of the keys and values of the last ``mem_len + segment_len``
+    positions, ``key`` and ``value`` ``(B, H, M + L, Dh)``, constant in the context length N (a
+    query sees its segment so far and the ``mem_len`` positions before the segment). A step
+    scores the new query against the ring with the relative term for each slot's distance.
     """
+
+    state_names = ("key", "value")
 
     def check_params(self, segment_len: int, mem_len: int, **_: Any) -> None:
         name = self.spec.name
@@ -111,7 +119,11 @@ class XLAttention(Attention):
         return None
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        mask = self.check_input(x, mask)
+        return self._run(x, self.check_input(x, mask))[0]
+
+    def _run(self, x: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Any]:
+        """The forward pass; also returns the keys and values ``(B, Np, H, Dh)`` and the
+        ``older_memory`` source (or None), which ``prefill`` keeps in its state."""
         b, n, _ = x.shape
         seg, mem = self.params["segment_len"], self.params["mem_len"]
         h, dh = self.n_heads, self.head_dim
@@ -192,7 +204,70 @@ class XLAttention(Attention):
             qu, kw, vw, bias, dropout_p=self.dropout_p if self.training else 0.0, scale=self.scale
         )  # (B*S, H, L, Dh)
         out = out.transpose(1, 2).reshape(b, s * seg, h, dh)[:, :n].transpose(1, 2)  # (B, H, N, Dh)
-        return self.finish(out, mask)
+        return self.finish(out, mask), k, v, extra
+
+    # -- decoding ------------------------------------------------------------------------------
+    @property
+    def ring_size(self) -> int:
+        """Slots of the decoding ring: the memory and a whole segment."""
+        return self.params["mem_len"] + self.params["segment_len"]
+
+    @property
+    def n_distances(self) -> int:
+        """Relative distances a decoding query can meet: 0 .. n_distances - 1 (the window width)."""
+        return self.ring_size
+
+    def prefill(self, x, mask=None):
+        mask = self.check_decoding(x, mask)
+        y, k, v, _ = self._run(x, mask)
+        length = lengths_of(x, mask)
+        return y, {"length": length, **self._ring_state(k, v, length)}
+
+    def step(self, x_t, state):
+        length = self.check_step(x_t, state)
+        q, key, value, dist, seen = self._ring_step(x_t, state, length)
+        out = self._attend_one(q, key, value, dist, seen)  # (B, H, 1, Dh)
+        return self.finish(out, None)[:, 0], {"length": length + 1, "key": key, "value": value}
+
+    def _ring_state(self, k: torch.Tensor, v: torch.Tensor, length: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The key/value ring after the prompt, from ``_run``'s ``(B, Np, H, Dh)`` keys and values."""
+        ring = self.ring_size
+        return {
+            "key": ring_from_prefix(k.transpose(1, 2), length, ring, dim=2),  # (B, H, R, Dh)
+            "value": ring_from_prefix(v.transpose(1, 2), length, ring, dim=2),
+        }
+
+    def _ring_step(self, x_t: torch.Tensor, state, length: torch.Tensor):
+        """Project the new token (position ``length``) and write it into the ring.
+
+        Returns:
+            ``q: (B, H, 1, Dh)``, the updated ``key`` and ``value`` ``(B, H, R, Dh)``, each slot's
+            distance to the query ``long (B, R)`` and whether the query sees it, bool ``(B, R)``.
+        """
+        seg, mem = self.params["segment_len"], self.params["mem_len"]
+        q, k, v = self.project_qkv(x_t[:, None])  # (B, H, 1, Dh)
+        key = ring_write(state["key"], k[:, :, 0], length, dim=2)  # (B, H, R, Dh)
+        value = ring_write(state["value"], v[:, :, 0], length, dim=2)
+        pos = ring_positions(length, key.shape[2])  # (B, R): the position each slot holds
+        first = length - torch.remainder(length, seg) - mem  # the segment's start less the memory
+        seen = (pos >= first[:, None]) & (pos >= 0)
+        return q, key, value, length[:, None] - pos, seen
+
+    def _attend_one(self, q, key, value, dist, seen) -> torch.Tensor:
+        """One query ``(B, H, 1, Dh)`` over slots ``(B, H, S, Dh)`` at distances ``long (B, S)``
+        (seen where ``seen``, bool ``(B, S)``), with the scores of ``forward``; returns ``(B, H, 1, Dh)``."""
+        h, dh = self.n_heads, self.head_dim
+        nd = self.n_distances
+        # (q + v)·r_d = ((q + v) W_r)·R_d: fold r_proj into the query (O(D²)) instead of projecting
+        # the table of every distance (O(W·D²)) each step.
+        w_r = self.r_proj.weight.view(h, dh, self.pos_dim)  # (H, Dh, P)
+        qr = torch.einsum("bhd,hdp->bhp", (q[:, :, 0] + self.v_bias) * self.scale, w_r)  # (B, H, P)
+        table = sinusoid(torch.arange(nd, device=q.device), self.pos_dim).to(q.dtype)  # (nd, P)
+        bd = torch.matmul(qr, table.t())  # (B, H, nd): the term for every distance
+        idx = dist.clamp(0, nd - 1)[:, None, :].expand(-1, h, -1)  # (B, H, S)
+        bias = torch.gather(bd, 2, idx).masked_fill(~seen[:, None, :], float("-inf"))  # (B, H, S)
+        qu = q + self.u_bias[:, None, :]  # (B, H, 1, Dh)
+        return sdpa(qu, key, value, bias[:, :, None, :], scale=self.scale)
 
     def prune_head_params(self, keep, rows):
         self.r_proj = slice_linear(self.r_proj, out_idx=rows)

@@ -249,6 +249,17 @@ def positive_int(text: str) -> int:
     return value
 
 
+def non_negative_float(text: str) -> float:
+    """An argparse type: a finite number >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid number: {text!r}") from None
+    if not 0.0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
+    return value
+
+
 def output_dir(path: str | Path, flag: str = "--out") -> Path:
     """Check a folder the command will write (before any work): not a file, and either new, empty, or a
     folder xsearch wrote before (it is replaced as a whole only once the new one is complete)."""

@@ -1,6 +1,6 @@
-"""``xsearch export``, ``xsearch bench``, ``xsearch predict`` and ``xsearch serve``.
+"""``xsearch export``, ``xsearch bench``, ``xsearch predict``, ``xsearch generate`` and ``xsearch serve``.
 
-``predict`` and ``serve`` run on onnxruntime and numpy only: this module imports neither torch nor optuna.
+``predict``, ``generate`` and ``serve`` run on onnxruntime and numpy only: this module imports neither torch nor optuna.
 """
 
 from __future__ import annotations
@@ -11,7 +11,15 @@ import logging
 import sys
 from pathlib import Path
 
-from xsearch.cli.args import UsageError, add_settings, existing_file, positive_int, settings_from_args
+from xsearch.cli.args import (
+    UsageError,
+    add_settings,
+    existing_file,
+    non_negative_float,
+    positive_int,
+    settings_from_args,
+)
+from xsearch.export.metadata import step_path_for
 from xsearch.export.settings import ExportSettings
 from xsearch.latency.timing import MeasureSettings
 
@@ -25,7 +33,19 @@ def register(name: str, p: argparse.ArgumentParser) -> None:
         add_settings(p, ExportSettings)
         p.add_argument("--int8", action="store_true", help="= --quantize dynamic-int8 (the fastest on CPU)")
         p.add_argument("--fp16", action="store_true", help="= --quantize fp16 (for GPUs)")
+        p.add_argument("--decoder", action="store_true",
+                       help="a causal LM for generation: prefill and step graphs with the decoding state "
+                            "(OUT and OUT's .step.onnx), checked by greedy generation against torch")  # fmt: skip
         p.set_defaults(func=cmd_export)
+    elif name == "generate":
+        p.add_argument("onnx", help="a decoder exported with `xsearch export --decoder`")
+        p.add_argument("--prompt", required=True, help="the text to continue (in the task's encoding)")
+        p.add_argument("--max-new-tokens", type=positive_int, required=True, help="tokens to generate at most")
+        p.add_argument("--temperature", type=non_negative_float, default=1.0, help="0 = greedy (default 1.0)")
+        p.add_argument("--top-k", type=positive_int, help="sample among the K most likely tokens only")
+        p.add_argument("--seed", type=int, default=0, help="seed of the draws (default 0)")
+        p.add_argument("--threads", type=positive_int, help="onnxruntime intra-op threads")
+        p.set_defaults(func=cmd_generate)
     elif name == "bench":
         p.add_argument("onnx", help="an exported .onnx file")
         p.add_argument("--vs", metavar="MODEL", help="a saved model folder: its torch model is timed beside the file")
@@ -64,17 +84,23 @@ def cmd_export(args: argparse.Namespace) -> int:
         raise UsageError(f"--out must end in .onnx, got {out}")
     if out.is_dir():
         raise UsageError(f"--out {out} is a folder")
+    if mode == "static-int8" and args.decoder:
+        raise UsageError("--decoder with static-int8: a step graph has no calibration inputs; use --int8")
     if mode == "static-int8" and not load_task_info(args.model):
         raise UsageError(f"static-int8 calibrates on the model's task, but {args.model} has no task.json")
     model = load_model(args.model)
     fp32 = out if mode is None else out.with_name(out.stem + ".fp32.onnx")
-    report = to_onnx(model, fp32, check=settings.check, opset=settings.opset, portable=settings.portable)
-    checked = (
-        "unchecked"
-        if report.max_abs_diff is None
-        else (f"parity max |diff| {report.max_abs_diff:.1e} at lengths {list(report.lengths_checked)}, batches [1, 3]")
-    )
-    print(f"exported {fp32} ({report.size_bytes / 1e6:.2f} MB, {report.seconds:.1f} s, {checked})")
+    report = to_onnx(model, fp32, check=settings.check, opset=settings.opset, portable=settings.portable,
+                     decoder=args.decoder)  # fmt: skip
+    if report.max_abs_diff is None:
+        checked = "unchecked"
+    elif args.decoder:
+        checked = (f"parity max |diff| {report.max_abs_diff:.1e} over prefill and greedy steps, prompts of "
+                   f"{list(report.lengths_checked)} tokens; the same tokens as torch")  # fmt: skip
+    else:
+        checked = f"parity max |diff| {report.max_abs_diff:.1e} at lengths {list(report.lengths_checked)}, batches [1, 3]"
+    shown = f"{fp32} + {step_path_for(fp32).name}" if args.decoder else str(fp32)
+    print(f"exported {shown} ({report.size_bytes / 1e6:.2f} MB, {report.seconds:.1f} s, {checked})")
     if mode is not None:
         calibration = _calibration_batches(args.model) if mode == "static-int8" else None
         quantize_onnx(fp32, out, mode, calibration=calibration)
@@ -170,6 +196,16 @@ def cmd_predict(args: argparse.Namespace) -> int:
     items = read_inputs(args.input)
     for pred in predictor.predict(items, truncate=args.truncate, top_k=args.top_k):
         print(json.dumps(pred.to_dict()))
+    return 0
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from xsearch.export.generator import Generator
+
+    generator = Generator(existing_file(args.onnx, "ONNX file"), threads=args.threads)
+    text = generator.generate_text(args.prompt, args.max_new_tokens, temperature=args.temperature,
+                                   top_k=args.top_k, seed=args.seed)  # fmt: skip
+    print(text)
     return 0
 
 

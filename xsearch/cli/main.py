@@ -39,6 +39,7 @@ COMMANDS = {
     "export": ("deploy", "export a saved model to ONNX (checked against onnxruntime)"),
     "bench": ("deploy", "latency of an ONNX model (and of its torch model with --vs)"),
     "predict": ("deploy", "JSONL predictions of an ONNX model (onnxruntime only)"),
+    "generate": ("deploy", "text generated token by token by an exported decoder (onnxruntime only)"),
     "serve": ("deploy", "HTTP predictions: POST /predict, GET /health"),
     "run": ("pipeline", "the whole pipeline: search, pick, train, compress, export, verify (restartable)"),
 }
