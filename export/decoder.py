@@ -26,7 +26,6 @@ import contextlib
 import json
 import logging
 import os
-import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -198,32 +197,24 @@ def check_decoder_parity(
     longest = cfg.max_len - steps
     cases = [[max(1, longest // 3)], [longest, max(1, longest // 5)]]
     worst = 0.0
+
+    def torch_prefill(i, m):
+        logits, state = model.prefill(torch.from_numpy(i), torch.from_numpy(m))
+        return logits.numpy(), state
+
+    def torch_step(nxt, state):
+        logits, state = model.step(torch.from_numpy(nxt), state)
+        return logits.numpy(), state
+
     for lengths in cases:
         ids, mask = _prompts(cfg.vocab_size, lengths, sum(lengths))
         prompts = [ids[i, :n].tolist() for i, n in enumerate(lengths)]
         seen: dict[str, list[np.ndarray]] = {"torch": [], "ort": []}
-
-        def recorded(fn, key):
-            def run(*args):
-                logits, state = fn(*args)
-                seen[key].append(np.asarray(logits))
-                return logits, state
-
-            return run
-
-        def torch_prefill(i, m):
-            logits, state = model.prefill(torch.from_numpy(i), torch.from_numpy(m))
-            return logits.numpy(), state
-
-        def torch_step(nxt, state):
-            logits, state = model.step(torch.from_numpy(nxt), state)
-            return logits.numpy(), state
-
         with torch.no_grad():
-            want = generate_loop(recorded(torch_prefill, "torch"), recorded(torch_step, "torch"), prompts, steps,
-                                 Sampler(0.0), set())  # fmt: skip
-        got = generate_loop(recorded(ort_model.prefill, "ort"), recorded(ort_model.step, "ort"), prompts, steps,
-                            Sampler(0.0), set())  # fmt: skip
+            want = generate_loop(_Recorded(torch_prefill, seen["torch"]), _Recorded(torch_step, seen["torch"]),
+                                 prompts, steps, Sampler(0.0), set())  # fmt: skip
+        got = generate_loop(_Recorded(ort_model.prefill, seen["ort"]), _Recorded(ort_model.step, seen["ort"]),
+                            prompts, steps, Sampler(0.0), set())  # fmt: skip
         for j, (a, b) in enumerate(zip(seen["torch"], seen["ort"])):
             if j == 0:  # prefill: padded positions carry no prediction
                 m = mask.numpy()
@@ -249,3 +240,15 @@ def check_decoder_parity(
             )
     log.info("decoder parity ok: max |diff| %.2e over %d greedy steps", worst, steps)
     return worst, tuple(sorted({n for c in cases for n in c}))
+
+
+class _Recorded:
+    """A prefill or step function that also appends the logits it returns to ``log``."""
+
+    def __init__(self, fn, log: list[np.ndarray]):
+        self.fn, self.log = fn, log
+
+    def __call__(self, *args):
+        logits, state = self.fn(*args)
+        self.log.append(np.asarray(logits))
+        return logits, state

@@ -10,6 +10,7 @@ from torch import nn
 
 from xsearch.attention._base import Attention, AttentionSpec, pad_to_multiple, positive_int, sdpa
 from xsearch.attention._blocks import real_tokens
+from xsearch.attention._decode import lengths_of, ring_from_prefix, ring_write
 from xsearch.attention._registry import register
 
 # Added to the score of a fully padded compressed group (causal path): exp() of it is exactly 0
@@ -58,9 +59,86 @@ class MemoryCompressedAttention(Attention):
           output dropout applies in both modes.
         * With ``compression=1`` and the initial (identity) convolutions both modes equal
           ``full`` attention with the same projection weights.
+
+    Decoding state: the raw keys and values of the current group, ``key`` and ``value``
+    ``(B, H, c, Dh)`` (a ring: slot i holds in-group offset i), and the summaries of the complete
+    groups, ``ckey`` and ``cvalue`` ``(B, H, N, e)`` with ``e = ceil(Dh / c)``: group g's summary,
+    zero-padded to ``c·e`` and cut in c chunks, fills slots ``g·c .. g·c + c - 1`` (slots of a
+    group not yet complete hold zeros). So the buffers grow by one slot a token, as a state whose
+    shape follows the step count must (rows of a batch complete their groups at different steps),
+    yet hold ``N / c`` summaries: ``O(N·Dh/c)`` in all. A step attends the ``N / c`` summaries and
+    at most c raw keys, and compresses the current group from its ring when it completes.
     """
 
     projections_called_as_modules = False  # k/v weights are folded with the compression
+    state_names = ("key", "value", "ckey", "cvalue")
+
+    @property
+    def chunk(self) -> int:
+        """``e``: the width of one slot of ``ckey``/``cvalue``, a c-th of a summary (rounded up)."""
+        return -(-self.head_dim // self.params["compression"])
+
+    def prefill(self, x, mask=None):
+        mask = self.check_decoding(x, mask)
+        b, n, _ = x.shape
+        c, e, d = self.params["compression"], self.chunk, self.head_dim
+        y = self.forward(x, mask)
+        length = lengths_of(x, mask)
+        state = {"length": length}
+        for name, proj, conv in (("key", self.k_proj, self.k_conv), ("value", self.v_proj, self.v_conv)):
+            raw = self.split_heads(proj(x))  # (B, H, N, Dh)
+            state[name] = ring_from_prefix(raw, length, c, dim=2)  # (B, H, c, Dh)
+            real = real_tokens(mask, b, n, c, x.device).to(x.dtype)  # (B, Np)
+            xg = (pad_to_multiple(x, c, dim=1) * real[..., None]).view(b, -1, c * self.d_model)
+            summary = self._compress(xg, real.view(b, -1, c), proj, conv)  # (B, H, G, Dh)
+            g = summary.shape[2]
+            done = (torch.arange(g, device=x.device) + 1) * c <= length[:, None]  # (B, G): complete groups
+            summary = F.pad(summary * done[:, None, :, None].to(x.dtype), (0, c * e - d))  # (B, H, G, c*e)
+            state["c" + name] = summary.reshape(b, self.n_heads, g * c, e)[:, :, :n]  # (B, H, N, e)
+        return y, state
+
+    def step(self, x_t, state):
+        length = self.check_step(x_t, state)  # the new token's position t, per row
+        c, d = self.params["compression"], self.head_dim
+        b, h = x_t.shape[0], self.n_heads
+        q, k, v = self.project_qkv(x_t[:, None])  # (B, H, 1, Dh)
+        offset = torch.remainder(length, c)  # (B,): t's offset in its group g = t // c
+        start = length - offset  # (B,): the group's first position
+        new = {"length": length + 1}
+        for name, raw, conv in (("key", k, self.k_conv), ("value", v, self.v_conv)):
+            ring = ring_write(state[name], raw[:, :, 0], length, dim=2)  # (B, H, c, Dh)
+            # The group's summary conv(ring): read only where the group is complete (offset c - 1).
+            w = conv.weight.permute(0, 2, 1).reshape(h * d, c * h * d)  # (out, tap-major in)
+            summary = F.linear(ring.permute(0, 2, 1, 3).reshape(b, c * h * d), w).view(b, h, d)
+            new[name] = ring
+            new["c" + name] = self._store(state["c" + name], summary, start, offset == c - 1)
+        # One softmax over the complete groups before t's own (their summaries) and t's own group
+        # up to t (its raw keys, ring slots <= offset).
+        ck, cv = (self._summaries(new[name]) for name in ("ckey", "cvalue"))  # (B, H, G, Dh)
+        groups = torch.arange(ck.shape[2], device=x_t.device)[None, :] * c < start[:, None]  # (B, G)
+        local = torch.arange(c, device=x_t.device)[None, :] <= offset[:, None]  # (B, c)
+        allowed = torch.cat([groups, local], dim=1)[:, None, None, :]  # (B, 1, 1, G + c)
+        keys = torch.cat([ck, new["key"]], dim=2)  # (B, H, G + c, Dh)
+        values = torch.cat([cv, new["value"]], dim=2)
+        out = sdpa(q, keys, values, allowed)  # (B, H, 1, Dh)
+        return self.finish(out, None)[:, 0], new
+
+    def _store(self, buf: torch.Tensor, summary: torch.Tensor, start: torch.Tensor, done: torch.Tensor):
+        """``buf`` ``(B, H, S, e)`` grown by one slot, with ``summary`` ``(B, H, Dh)`` cut into the
+        slots ``start .. start + c - 1`` of the rows where ``done``."""
+        c, e = self.params["compression"], self.chunk
+        grown = torch.cat([buf, buf.new_zeros(*buf.shape[:2], 1, e)], dim=2)  # (B, H, S + 1, e)
+        chunks = F.pad(summary, (0, c * e - self.head_dim)).view(*summary.shape[:2], c, e)  # (B, H, c, e)
+        j = torch.arange(grown.shape[2], device=buf.device)[None, :] - start[:, None]  # (B, S + 1): chunk index
+        here = (j >= 0) & (j < c) & done[:, None]
+        idx = j.clamp(0, c - 1)[:, None, :, None].expand(*grown.shape)
+        return torch.where(here[:, None, :, None], torch.gather(chunks, 2, idx), grown)
+
+    def _summaries(self, buf: torch.Tensor) -> torch.Tensor:
+        """``(B, H, S, e)`` chunks -> ``(B, H, ceil(S / c), Dh)`` group summaries (zero where incomplete)."""
+        c = self.params["compression"]
+        b, h, _, e = buf.shape
+        return pad_to_multiple(buf, c, dim=2).reshape(b, h, -1, c * e)[..., : self.head_dim]
 
     def check_params(self, compression):
         positive_int("memory_compressed", "compression", compression)

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from xsearch.attention._base import Attention, AttentionSpec, exporting, pad_to_multiple, positive_int, sdpa
 from xsearch.attention._blocks import real_tokens
+from xsearch.attention._decode import append_at, lengths_of
 from xsearch.attention._registry import register
 from xsearch.errors import XSearchError
 
@@ -170,6 +171,50 @@ def sorted_chunk_attention(
     return (out * w.unsqueeze(-1)).sum(dim=2)  # (B, H, Np, Dh); a Mul and a ReduceSum (onnxruntime's Einsum is slow)
 
 
+def sorted_chunk_step(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    buckets: torch.Tensor,
+    bucket: torch.Tensor,
+    length: torch.Tensor,
+    chunk: int,
+    *,
+    scale: float,
+) -> torch.Tensor:
+    """One query row of causal ``sorted_chunk_attention``: the decoding step over cached keys.
+
+    The query at position ``length`` of round ``r`` attends the ``chunk`` most recent earlier keys of its
+    own bucket, and its own key with ``SELF_SCORE`` added (so it only counts when alone); rounds are
+    combined by their log-sum-exp, as in the causal forward. O(S) per round, S the cached keys.
+
+    Args:
+        q: ``(B, H, Dh)`` the new query; keys, values: ``(B, H, S, Dh)`` with the new token's at slot
+            ``length``; buckets: ``(B, H, R, S)`` long, the cached keys' buckets; bucket: ``(B, H, R)``
+            the new token's; length: ``(B,)`` the tokens before the new one.
+
+    Returns:
+        ``(B, H, Dh)``.
+    """
+    slots = torch.arange(keys.shape[2], device=q.device)[None, :]  # (1, S)
+    before = (slots < length[:, None])[:, None, None, :]  # (B, 1, 1, S)
+    own = (slots == length[:, None])[:, None, None, :]
+    same = (buckets == bucket.unsqueeze(-1)) & before  # (B, H, R, S): earlier keys of my bucket
+    # Keep the last `chunk` of them: fewer than `chunk` keys of the bucket lie after this one.
+    later = same.sum(dim=-1, keepdim=True) - torch.cumsum(same.long(), dim=-1)  # (B, H, R, S)
+    recent = same & (later < chunk)
+    bias = torch.where(recent, 0.0, torch.where(own, SELF_SCORE, float("-inf"))).to(q.dtype)
+    scores = (keys @ q.unsqueeze(-1)).transpose(-2, -1) * scale + bias  # (B, H, R, S)
+    top = scores.amax(dim=-1, keepdim=True)  # finite: the own key is always there
+    e = torch.exp(scores - top)
+    total = e.sum(dim=-1, keepdim=True)
+    out = (e / total) @ values  # (B, H, R, Dh)
+    if buckets.shape[2] == 1:
+        return out[:, :, 0]
+    w = torch.softmax((top + torch.log(total)).float(), dim=2).to(out.dtype)  # (B, H, R, 1)
+    return (out * w).sum(dim=2)
+
+
 @register(
     AttentionSpec(
         name="reformer",
@@ -202,7 +247,13 @@ class ReformerAttention(Attention):
     Causal mode keeps only same-bucket keys at most ``bucket_size`` places back in the bucket (see
     ``sorted_chunk_attention``), which makes outputs independent of later tokens.
     Padded tokens hash to an extra last bucket so they never move real tokens in the sorted order.
+
+    Decoding state: ``key`` (the unit-normalised shared QK vectors, float32) and ``value``
+    ``(B, H, N, Dh)``, and each key's buckets ``bucket`` long ``(B, H, n_hashes, N)``, all growing by one
+    slot a token; a step attends the new query over the cached keys of its bucket (``sorted_chunk_step``).
     """
+
+    state_names = ("key", "value", "bucket")
 
     def check_params(self, bucket_size, n_hashes, redraw):
         positive_int("reformer", "bucket_size", bucket_size)
@@ -240,7 +291,10 @@ class ReformerAttention(Attention):
         return torch.where(hi >= -lo, i_hi, i_lo + rot.shape[-1])
 
     def forward(self, x, mask=None):
-        mask = self.check_input(x, mask)
+        return self._forward(x, self.check_input(x, mask))[0]
+
+    def _forward(self, x, mask):
+        """forward on a checked mask; also returns the keys, values and buckets ``(B, H, [R,] Np, .)``."""
         b, n, _ = x.shape
         bs = self.params["bucket_size"]
         if self.training and self.params["redraw"]:
@@ -268,7 +322,33 @@ class ReformerAttention(Attention):
             scale=self.scale,
             dropout_p=self.dropout_p if self.training else 0.0,
         ).to(dtype)
-        return self.finish(out[:, :, :n], mask)
+        return self.finish(out[:, :, :n], mask), keys, v, buckets
+
+    def prefill(self, x, mask=None):
+        mask = self.check_decoding(x, mask)
+        n = x.shape[1]
+        y, keys, v, buckets = self._forward(x, mask)
+        keys, v = keys[:, :, :n], v[:, :, :n].to(x.dtype)  # (B, H, N, Dh)
+        if mask is not None:  # padded slots hold zeros, never read
+            real = mask[:, None, :, None]
+            keys, v = keys * real.to(keys.dtype), v * real.to(v.dtype)
+        state = {"key": keys, "value": v, "bucket": buckets[..., :n]}
+        return y, {"length": lengths_of(x, mask), **state}
+
+    def step(self, x_t, state):
+        length = self.check_step(x_t, state)
+        qk = self.split_heads(self.q_proj(x_t[:, None]))  # (B, H, 1, Dh)
+        v = self.split_heads(self.v_proj(x_t[:, None]))
+        with torch.no_grad():
+            bucket = self.hash(qk)[..., 0]  # (B, H, R)
+        qk = qk.float()
+        key = append_at(state["key"], F.normalize(qk, dim=-1)[:, :, 0], length, dim=2)  # (B, H, S + 1, Dh)
+        value = append_at(state["value"], v[:, :, 0], length, dim=2)
+        buckets = append_at(state["bucket"], bucket, length, dim=3)  # (B, H, R, S + 1)
+        bs = self.params["bucket_size"]
+        out = sorted_chunk_step(qk[:, :, 0], key, value.float(), buckets, bucket, length, bs, scale=self.scale)
+        y = self.finish(out.to(x_t.dtype)[:, :, None], None)[:, 0]
+        return y, {"length": length + 1, "key": key, "value": value, "bucket": buckets}
 
     def prune_head_params(self, keep, rows):
         self.rotations = self.rotations[keep].clone()

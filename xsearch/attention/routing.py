@@ -9,8 +9,9 @@ import torch.nn.functional as F
 
 from xsearch.attention._base import Attention, AttentionSpec, pad_to_multiple, positive_int, sdpa
 from xsearch.attention._blocks import real_tokens
+from xsearch.attention._decode import append_at, lengths_of
 from xsearch.attention._registry import register
-from xsearch.attention.reformer import sorted_chunk_attention
+from xsearch.attention.reformer import sorted_chunk_attention, sorted_chunk_step
 from xsearch.errors import XSearchError
 
 
@@ -50,7 +51,13 @@ class RoutingAttention(Attention):
     for this, so the decoder uses the paper's shared-QK option: ``k_proj`` is tied to ``q_proj``
     (same parameters), keys are the unit-normalised queries and a token attends itself only when its
     cluster holds no earlier token.
+
+    Decoding state: ``key`` (the unit-normalised shared QK vectors) and ``value`` ``(B, H, N, Dh)``, and
+    each key's nearest centroid ``cluster`` long ``(B, H, N)``, growing by one slot a token; a step attends
+    the new query over the cached keys of its cluster (``sorted_chunk_step``).
     """
+
+    state_names = ("key", "value", "cluster")
 
     def check_params(self, n_clusters, decay):
         positive_int("routing", "n_clusters", n_clusters)
@@ -95,26 +102,13 @@ class RoutingAttention(Attention):
 
     def forward(self, x, mask=None):
         mask = self.check_input(x, mask)
+        if self.causal:
+            return self._causal(x, mask)[0]
         b, n, _ = x.shape
         q = self.split_heads(self.q_proj(x))  # (B, H, N, Dh)
         v = self.split_heads(self.v_proj(x))
         p = self.dropout_p if self.training else 0.0
         kc = self.params["n_clusters"]
-        if self.causal:
-            w = self.window
-            qp, vp = pad_to_multiple(q, w, dim=2), pad_to_multiple(v, w, dim=2)  # (B, H, Np, Dh)
-            real = real_tokens(mask, b, n, w, x.device) > 0.5  # (B, Np)
-            qn = F.normalize(qp, dim=-1)  # shared QK: the keys
-            with torch.no_grad():
-                assign = self._similarity(qn).argmax(dim=-1)  # (B, H, Np): nearest centroid
-                if self.training:
-                    self.update_centroids([qn], [assign], real)
-                buckets = torch.where(real[:, None, :], assign, kc).unsqueeze(2)  # padding: cluster kc
-            out = sorted_chunk_attention(
-                qp, qn, vp, buckets, real, w, kc + 1, causal=True, scale=self.scale, dropout_p=p
-            )
-            return self.finish(out[:, :, :n], mask)
-
         k = self.split_heads(self.k_proj(x))
         qp, kp, vp = (pad_to_multiple(t, kc, dim=2) for t in (q, k, v))  # (B, H, Np, Dh)
         real = real_tokens(mask, b, n, kc, x.device) > 0.5  # (B, Np)
@@ -148,6 +142,50 @@ class RoutingAttention(Attention):
         hits = qp.new_zeros(b * h * np_).index_add(0, q_rows, torch.ones_like(q_rows, dtype=qp.dtype)).view(b, h, np_)
         out = total / hits.clamp(min=1.0).unsqueeze(-1)  # mean over the clusters that chose the query
         return self.finish(out[:, :, :n], mask)
+
+    def _causal(self, x, mask):
+        """The decoder's forward on a checked mask; also returns the keys, values ``(B, H, Np, Dh)`` and
+        clusters ``(B, H, Np)``."""
+        b, n, _ = x.shape
+        q = self.split_heads(self.q_proj(x))  # (B, H, N, Dh)
+        v = self.split_heads(self.v_proj(x))
+        p = self.dropout_p if self.training else 0.0
+        kc, w = self.params["n_clusters"], self.window
+        qp, vp = pad_to_multiple(q, w, dim=2), pad_to_multiple(v, w, dim=2)  # (B, H, Np, Dh)
+        real = real_tokens(mask, b, n, w, x.device) > 0.5  # (B, Np)
+        qn = F.normalize(qp, dim=-1)  # shared QK: the keys
+        with torch.no_grad():
+            assign = self._similarity(qn).argmax(dim=-1)  # (B, H, Np): nearest centroid
+            if self.training:
+                self.update_centroids([qn], [assign], real)
+            buckets = torch.where(real[:, None, :], assign, kc).unsqueeze(2)  # padding: cluster kc
+        out = sorted_chunk_attention(qp, qn, vp, buckets, real, w, kc + 1, causal=True, scale=self.scale, dropout_p=p)
+        return self.finish(out[:, :, :n], mask), qn, vp, assign
+
+    def prefill(self, x, mask=None):
+        mask = self.check_decoding(x, mask)
+        n = x.shape[1]
+        y, keys, v, cluster = self._causal(x, mask)
+        keys, v = keys[:, :, :n], v[:, :, :n]  # (B, H, N, Dh)
+        if mask is not None:  # padded slots hold zeros, never read
+            real = mask[:, None, :, None].to(v.dtype)
+            keys, v = keys * real, v * real
+        return y, {"length": lengths_of(x, mask), "key": keys, "value": v, "cluster": cluster[:, :, :n]}
+
+    def step(self, x_t, state):
+        length = self.check_step(x_t, state)
+        q = self.split_heads(self.q_proj(x_t[:, None]))[:, :, 0]  # (B, H, Dh)
+        v = self.split_heads(self.v_proj(x_t[:, None]))[:, :, 0]
+        qn = F.normalize(q, dim=-1)
+        with torch.no_grad():
+            assign = self._similarity(qn[:, :, None])[:, :, 0].argmax(dim=-1)  # (B, H)
+        key = append_at(state["key"], qn, length, dim=2)  # (B, H, S + 1, Dh)
+        value = append_at(state["value"], v, length, dim=2)
+        cluster = append_at(state["cluster"], assign, length, dim=2)  # (B, H, S + 1)
+        out = sorted_chunk_step(q, key, value, cluster[:, :, None], assign[:, :, None], length, self.window,
+                                scale=self.scale)  # fmt: skip
+        y = self.finish(out[:, :, None], None)[:, 0]
+        return y, {"length": length + 1, "key": key, "value": value, "cluster": cluster}
 
     def prune_head_params(self, keep, rows):
         self.centroids = self.centroids[keep].clone()

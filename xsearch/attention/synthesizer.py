@@ -17,6 +17,7 @@ from xsearch.attention._base import (
     slice_linear,
     slice_param,
 )
+from xsearch.attention._decode import append_at, lengths_of, slot_mask
 from xsearch.attention._registry import register
 from xsearch.errors import XSearchError
 
@@ -70,7 +71,15 @@ class SynthesizerAttention(Attention):
     that broadcasts over its second axis). Padded keys are zeroed and get a ``-1e4`` score
     through one more coordinate (``O(N)`` instead of an ``N x N`` mask); causal masking is the
     kernel's causal mask (dense, factorized) or part of the float mask (random).
+
+    Decoding state: the KV cache, ``key`` and ``value`` ``(B, H, N, Dh)``, growing by one slot a
+    token (``key`` is ``(B, H, N, 0)`` when ``mix = 0``: no dot-product term). The synthetic logits
+    of the new query at position t are its row of ``S`` over the N keys so far, read from the
+    parameters (``random[:, t]``, ``factor_q[:, t]`` with ``factor_k``) or, in dense mode, predicted
+    from the new token: O(N) per step.
     """
+
+    state_names = ("key", "value")
 
     def check_params(self, mode, mix, k):
         if mode not in MODES:
@@ -152,6 +161,49 @@ class SynthesizerAttention(Attention):
             t = (qa.transpose(0, 1), ka.transpose(0, 1), va.transpose(0, 1))  # (H, B, N, W)
             out = sdpa(*t, logit_mask[:, None], dropout_p=p, scale=1.0).transpose(0, 1)
         return self.finish(out[..., :dh], mask)
+
+    def prefill(self, x, mask=None):
+        mask = self.check_decoding(x, mask)
+        k = self.split_heads(self.k_proj(x))  # (B, H, N, Dh)
+        v = self.split_heads(self.v_proj(x))
+        if self.params["mix"] == 0.0:
+            k = k[..., :0]  # no dot-product term: nothing of the keys is ever read
+        if mask is not None:  # padded slots hold zeros, never read
+            real = mask[:, None, :, None].to(k.dtype)
+            k, v = k * real, v * real
+        return self.forward(x, mask), {"length": lengths_of(x, mask), "key": k, "value": v}
+
+    def step(self, x_t, state):
+        length = self.check_step(x_t, state)  # the new token's position t, per row
+        mode, mix = self.params["mode"], self.params["mix"]
+        syn = 1.0 - mix
+        x1 = x_t[:, None]  # (B, 1, D)
+        k = self.split_heads(self.k_proj(x1))[:, :, 0]  # (B, H, Dh)
+        if mix == 0.0:
+            k = k[..., :0]
+        key = append_at(state["key"], k, length, dim=2)  # (B, H, S + 1, Dh)
+        value = append_at(state["value"], self.split_heads(self.v_proj(x1))[:, :, 0], length, dim=2)
+        s1 = key.shape[2]
+        scores = key.new_zeros(key.shape[0], self.n_heads, 1, s1)  # (B, H, 1, S + 1)
+        if mix > 0.0:
+            q = self.split_heads(self.q_proj(x1))  # (B, H, 1, Dh)
+            scores = scores + torch.matmul(q * (mix * self.scale), key.transpose(-2, -1))
+        if syn > 0.0:
+            scores = scores + syn * self._synthetic_row(x1, length, s1)
+        scores = scores.masked_fill(~slot_mask(length + 1, s1)[:, None, None, :], float("-inf"))
+        out = torch.matmul(scores.softmax(dim=-1), value)  # (B, H, 1, Dh)
+        return self.finish(out, None)[:, 0], {"length": length + 1, "key": key, "value": value}
+
+    def _synthetic_row(self, x1: torch.Tensor, t: torch.Tensor, s1: int) -> torch.Tensor:
+        """Row ``t[i]`` of the synthetic logits ``S`` over its first ``s1`` keys: ``(B, H, 1, s1)``."""
+        mode = self.params["mode"]
+        if mode == "dense":
+            hid = self.split_heads(torch.relu(self.dense_in(x1)))  # (B, H, 1, Dh)
+            return torch.matmul(hid, self.dense_out[:, :, :s1]) + self.dense_bias[None, :, None, :s1]
+        if mode == "factorized":
+            fq = self.factor_q.index_select(1, t).transpose(0, 1)[:, :, None]  # (B, H, 1, k)
+            return torch.matmul(fq, self.factor_k[:, :s1].transpose(-2, -1))  # (H, k, s1) broadcast
+        return self.random.index_select(1, t)[:, :, :s1].transpose(0, 1)[:, :, None]  # (B, H, 1, s1)
 
     def prune_head_params(self, keep, rows):
         if getattr(self, "dense_in", None) is not None:

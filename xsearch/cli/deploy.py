@@ -98,7 +98,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         checked = (f"parity max |diff| {report.max_abs_diff:.1e} over prefill and greedy steps, prompts of "
                    f"{list(report.lengths_checked)} tokens; the same tokens as torch")  # fmt: skip
     else:
-        checked = f"parity max |diff| {report.max_abs_diff:.1e} at lengths {list(report.lengths_checked)}, batches [1, 3]"
+        lengths = list(report.lengths_checked)
+        checked = f"parity max |diff| {report.max_abs_diff:.1e} at lengths {lengths}, batches [1, 3]"
     shown = f"{fp32} + {step_path_for(fp32).name}" if args.decoder else str(fp32)
     print(f"exported {shown} ({report.size_bytes / 1e6:.2f} MB, {report.seconds:.1f} s, {checked})")
     if mode is not None:
