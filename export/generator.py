@@ -33,6 +33,11 @@ def _session(path: Path, threads: int | None, providers: list[str] | None):
         raise XSearchError(f"cannot load {path} with onnxruntime: {e}") from None
 
 
+def is_decoder_export(session: Any) -> bool:
+    """Whether an onnxruntime session holds a decoder export (prefill or step graph)."""
+    return KEY_DECODER in session.get_modelmeta().custom_metadata_map
+
+
 class Generator:
     """A decoder exported by ``to_onnx(model, path, decoder=True)``, ready to generate.
 

@@ -1,7 +1,10 @@
 """An HTTP server around a ``Predictor``, on uvicorn and starlette (``pip install 'xsearch[serve]'``; no torch).
 
 ``POST /predict`` takes a JSON list of inputs (strings or token-id lists), or an object
-``{"inputs": [...], "truncate": bool}``, and answers ``{"predictions": [...]}``.
+``{"inputs": [...], "truncate": bool}``, and answers ``{"predictions": [...]}``. For a decoder
+export (``xsearch export --decoder``) ``POST /generate`` takes ``{"prompt": TEXT or [ids],
+"max_new_tokens": N, "temperature"?, "top_k"?, "seed"?}`` within ``max_prompt_tokens`` and
+``max_new_tokens`` (more: 400) and answers ``{"token_ids": [...], "text": ...}``.
 ``GET /health`` answers ``{"status": "ok", ...}``. Every error is JSON ``{"error": "..."}`` that
 never repeats the request body: 400 for a malformed request, 404/405 for a wrong route or method,
 408 for a client too slow to send its request, 413 for a body or batch over the limits, 503 when
@@ -57,6 +60,8 @@ class ServeSettings(Settings):
     port: int = option(8080, "TCP port to listen on (0: any free port)", ge=0, le=65535)
     threads: int | None = option(None, "onnxruntime intra-op threads (default: onnxruntime's choice)", gt=0)
     max_batch: int = option(64, "most inputs in one request (more: 413)", ge=1)
+    max_prompt_tokens: int = option(1024, "POST /generate: longest prompt in tokens (more: 400)", ge=1)
+    max_new_tokens: int = option(256, "POST /generate: most tokens generated per request (more: 400)", ge=1)
     max_body: int = option(1 << 20, "largest request body in bytes (more: 413)", ge=1)
     max_concurrency: int = option(16, "requests in flight at once, queued for the model (more: 503)", ge=1)
     max_connections: int = option(1000, "open connections at once (a new one beyond it: 503, closed)", ge=1)
@@ -88,6 +93,7 @@ class Route:
 # Every route the server answers; the 404 and 405 answers are built from this table too.
 ROUTES: tuple[Route, ...] = (
     Route("POST", "/predict", "predict"),
+    Route("POST", "/generate", "generate"),
     Route("GET", "/health", "health", limited=False),
 )
 
@@ -137,6 +143,7 @@ class _Service:
     def __init__(self, predictor: Predictor, settings: ServeSettings):
         self.predictor = predictor
         self.settings = settings
+        self.generator = _generator_for(predictor, settings)  # None unless the file is a decoder export
         self.lock = threading.Lock()  # one onnxruntime run at a time keeps the thread budget honest
         self.in_flight = 0  # touched on the event loop only
 
@@ -144,7 +151,8 @@ class _Service:
 
     async def health(self, request: Any) -> dict[str, Any]:
         p = self.predictor
-        return {"status": "ok", "model": p.path, "kind": p.kind, "max_len": p.max_len, "xsearch_version": p.version}
+        return {"status": "ok", "model": p.path, "kind": p.kind, "max_len": p.max_len, "xsearch_version": p.version,
+                "generate": self.generator is not None}  # fmt: skip
 
     async def predict(self, request: Any) -> dict[str, Any]:
         raw = await self.read_body(request)
@@ -158,6 +166,53 @@ class _Service:
         except ValueError as e:  # the Predictor's word for a bad input
             raise HTTPError(400, _clip(str(e))) from None
         return {"predictions": [p.to_dict() for p in preds]}
+
+    async def generate(self, request: Any) -> dict[str, Any]:
+        raw = await self.read_body(request)
+        return await asyncio.to_thread(self._generate, raw)
+
+    def _generate(self, raw: bytes) -> dict[str, Any]:  # in a worker thread
+        if self.generator is None:
+            raise HTTPError(400, f"{self.predictor.path} is not a decoder export (xsearch export --decoder); "
+                                 "POST /predict gives its next-token distribution")  # fmt: skip
+        payload = parse_json(raw)
+        shape = 'expected {"prompt": TEXT or [token ids], "max_new_tokens": N, "temperature"?, "top_k"?, "seed"?}'
+        allowed = {"prompt", "max_new_tokens", "temperature", "top_k", "seed"}
+        if not isinstance(payload, dict):
+            raise HTTPError(400, shape)
+        unknown = sorted(set(payload) - allowed)
+        if unknown:
+            raise HTTPError(400, f"unknown key {_clip(unknown[0], 40)!r}; {shape}")
+        for key in ("prompt", "max_new_tokens"):
+            if key not in payload:
+                raise HTTPError(400, f"missing key {key!r}; {shape}")
+        prompt, n = payload["prompt"], payload["max_new_tokens"]
+        g, limits = self.generator, self.settings
+        try:
+            if isinstance(prompt, str):
+                if g.encoding is None:
+                    raise HTTPError(400, "this model carries no text encoding; send the prompt as token ids")
+                ids = g.encoding.encode(prompt)
+            elif isinstance(prompt, list):
+                ids = prompt
+            else:
+                kind = _json_kind(prompt)
+                raise HTTPError(400, f"'prompt' must be a string or a list of token ids, got a JSON {kind}")
+            if len(ids) > limits.max_prompt_tokens:
+                raise HTTPError(400, f"prompt of {len(ids)} tokens exceeds the limit of {limits.max_prompt_tokens}")
+            if isinstance(n, int) and not isinstance(n, bool) and n > limits.max_new_tokens:
+                raise HTTPError(400, f"max_new_tokens={n} exceeds the limit of {limits.max_new_tokens}")
+            options = {k: payload[k] for k in ("temperature", "top_k", "seed") if k in payload}
+            if "seed" in options and (isinstance(options["seed"], bool) or not isinstance(options["seed"], int)):
+                raise HTTPError(400, f"'seed' must be an integer, got a JSON {_json_kind(options['seed'])}")
+            with self.lock:
+                new = g.generate(ids, n, **options)
+        except ValueError as e:  # the Generator's word for a bad prompt or option
+            raise HTTPError(400, _clip(str(e))) from None
+        out: dict[str, Any] = {"token_ids": new}
+        if g.encoding is not None:
+            out["text"] = g.encoding.decode(new)
+        return out
 
     # -- helpers for handlers -------------------------------------------------------------------
 
@@ -208,6 +263,15 @@ class _Service:
             chunks.append(chunk)
             if not message.get("more_body", False):
                 return b"".join(chunks)
+
+
+def _generator_for(predictor: Predictor, settings: ServeSettings) -> Any:
+    """A ``Generator`` over the served file when it is a decoder export, else None."""
+    from xsearch.export.generator import Generator, is_decoder_export
+
+    if not is_decoder_export(predictor.session):
+        return None
+    return Generator(predictor.path, threads=settings.threads)
 
 
 class _Disconnected(Exception):

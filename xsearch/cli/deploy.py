@@ -159,11 +159,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
         targets[f"torch {eager.name}"] = eager
     stats = measure_interleaved(models, target, batch=settings.batch, seq_len=settings.seq_len,
                                 threads=settings.threads, repeats=settings.repeats, warmup=settings.warmup, rounds=3,
-                                targets=targets)  # fmt: skip
+                                targets=targets, mode=settings.latency_mode,
+                                context=settings.decode_context)  # fmt: skip
     rows = list(stats.items())
     base = rows[-1][1].median_ms
-    print(f"batch {settings.batch}, seq_len {settings.seq_len}, threads {settings.threads or 'default'}, "
-          f"{settings.repeats} runs")  # fmt: skip
+    what = {"forward": f"seq_len {settings.seq_len}", "prefill": f"prefill of {settings.seq_len} tokens",
+            "decode": f"one decode step after {settings.decode_context} tokens"}[settings.latency_mode]  # fmt: skip
+    print(f"batch {settings.batch}, {what}, threads {settings.threads or 'default'}, {settings.repeats} runs")
     print(f"{'engine':28s} {'median ms':>10s} {'p90 ms':>10s} {'speedup':>8s}")
     for name, st in rows:
         print(f"{name:28s} {st.median_ms:10.2f} {st.p90_ms:10.2f} {base / st.median_ms:7.2f}x")

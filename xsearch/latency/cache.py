@@ -21,11 +21,23 @@ def default_cache_path() -> Path:
     return cache_dir() / "latency.jsonl"
 
 
-def cache_key(config: dict[str, Any], target: str, batch: int, seq_len: int, device: dict[str, Any]) -> str:
-    """Stable hash of what determines a latency (not the weights' values)."""
-    # (a uniform config's "layers": None is left out, so keys from before per-layer models still hit)
+def cache_key(
+    config: dict[str, Any],
+    target: str,
+    batch: int,
+    seq_len: int,
+    device: dict[str, Any],
+    mode: str = "forward",
+    context: int | None = None,
+) -> str:
+    """Stable hash of what determines a latency (not the weights' values): the architecture, the target,
+    the sizes, the device and what is timed (``mode``, and ``context`` for a decode step)."""
+    # (a uniform config's "layers": None is left out, and so is the forward mode, so keys from before
+    # per-layer models and latency modes still hit)
     arch = {k: v for k, v in config.items() if k != "dropout" and not (k == "layers" and v is None)}
     doc = {"arch": arch, "target": target, "batch": batch, "seq_len": seq_len, "device": device}
+    if mode != "forward":
+        doc.update(mode=mode, context=context)
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:32]
 
 

@@ -63,9 +63,19 @@ class Target(ABC):
 
     @abstractmethod
     def runner(
-        self, model_or_path: Any, *, batch: int, seq_len: int, threads: int | None, shared_pool: bool = False
+        self,
+        model_or_path: Any,
+        *,
+        batch: int,
+        seq_len: int,
+        threads: int | None,
+        shared_pool: bool = False,
+        mode: str = "forward",
+        context: int | None = None,
     ) -> contextlib.AbstractContextManager[Callable[[], float]]:
-        """A context manager yielding ``run() -> milliseconds`` of one forward pass on random tokens.
+        """A context manager yielding ``run() -> milliseconds`` of one call on random tokens: a forward
+        pass, a prefill of ``seq_len`` tokens, or one decode step after ``context`` tokens (``mode``,
+        see ``LATENCY_MODES``; the state a step starts from is built once, untimed).
 
         Args:
             model_or_path: what ``prepare`` returns (an ONNX path for ``runs_exported`` targets, the
@@ -73,13 +83,14 @@ class Target(ABC):
             shared_pool: run on a process-wide thread pool set up by the caller (``times_in_child``).
         """
 
-    def prepare(self, model: Any, path: Path) -> Any:
-        """What this target times for the torch ``model``: the model itself, or its ONNX file at ``path``."""
+    def prepare(self, model: Any, path: Path, mode: str = "forward") -> Any:
+        """What this target times for the torch ``model``: the model itself, or its ONNX file at ``path``
+        (a decoder export, prefill and step, for the decoder modes)."""
         if not self.runs_exported:
             return model
         from xsearch.export.onnx_export import to_onnx
 
-        to_onnx(model, path, check=False)
+        to_onnx(model, path, check=False, decoder=mode != "forward")
         return path
 
     def deployment(self) -> Target:
@@ -157,6 +168,27 @@ def random_tokens(vocab: int, batch: int, seq_len: int):
 def check_length(seq_len: int, max_len: int) -> None:
     if seq_len > max_len:
         raise XSearchError(f"seq_len={seq_len} exceeds the model's max_len={max_len}")
+
+
+#: What a latency measures: ``forward``, a whole sequence of ``seq_len`` tokens (an encoder's call);
+#: ``prefill``, a decoder's prompt of ``seq_len`` tokens and the state it leaves; ``decode``, one
+#: decoder step (the next token) with ``context`` tokens already in the state.
+LATENCY_MODES = ("forward", "prefill", "decode")
+
+
+def check_mode(mode: str, context: int | None, cfg: dict[str, Any]) -> None:
+    """Raise ``XSearchError`` naming the problem unless the model ``cfg`` can be timed in ``mode``."""
+    if mode not in LATENCY_MODES:
+        raise XSearchError(f"unknown latency mode {mode!r}; valid: {', '.join(LATENCY_MODES)}")
+    if mode != "forward" and not (cfg.get("causal") and cfg.get("head") == "lm"):
+        raise XSearchError(f"latency mode {mode!r} times a decoder: it needs a causal language model (task lm), "
+                           f"got causal={cfg.get('causal')}, head={cfg.get('head')!r}")  # fmt: skip
+    if mode == "decode":
+        if isinstance(context, bool) or not isinstance(context, int) or context < 1:
+            raise XSearchError(f"latency mode 'decode' needs context >= 1 (tokens already in the state), "
+                               f"got {context!r}")  # fmt: skip
+        if context + 1 > cfg["max_len"]:
+            raise XSearchError(f"context={context} plus the timed token exceeds the model's max_len={cfg['max_len']}")
 
 
 Runner = Iterator[Callable[[], float]]

@@ -19,7 +19,7 @@ from typing import Any
 
 from xsearch.errors import XSearchError
 from xsearch.latency.stats import LatencyStats, summarize
-from xsearch.latency.target import Target, get_target, list_targets
+from xsearch.latency.target import LATENCY_MODES, Target, get_target, list_targets
 from xsearch.settings import Settings, option
 
 
@@ -45,8 +45,11 @@ def measure(
     threads: int | None = None,
     warmup: int = 3,
     repeats: int = 20,
+    mode: str = "forward",
+    context: int | None = None,
 ) -> LatencyStats:
-    """Time a forward pass on random token ids of shape ``(batch, seq_len)``.
+    """Time a forward pass on random token ids of shape ``(batch, seq_len)`` (or, by ``mode``, a
+    decoder's prefill of them, or one decode step with ``context`` tokens in the state).
 
     Args:
         model_or_onnx_path: an ``XSearchModel``, or the path of an exported ``.onnx`` file (for
@@ -60,7 +63,8 @@ def measure(
         UnavailableError: a target this machine cannot run (CUDA without CUDA).
     """
     return measure_undisturbed(model_or_onnx_path, target, batch=batch, seq_len=seq_len, threads=threads,
-                               warmup=warmup, repeats=repeats, patience=0.0)[0]  # fmt: skip
+                               warmup=warmup, repeats=repeats, patience=0.0, mode=mode,
+                               context=context)[0]  # fmt: skip
 
 
 def measure_undisturbed(
@@ -73,6 +77,8 @@ def measure_undisturbed(
     warmup: int = 3,
     repeats: int = 20,
     patience: float = 60.0,
+    mode: str = "forward",
+    context: int | None = None,
 ) -> tuple[LatencyStats, int]:
     """``measure``, keeping only runs that other processes did not slow down, where it can tell.
 
@@ -88,7 +94,7 @@ def measure_undisturbed(
     """
     t = get_target(target)
     with contextlib.ExitStack() as stack:
-        run = open_runner(stack, model_or_onnx_path, t, batch, seq_len, threads, warmup, repeats)
+        run = open_runner(stack, model_or_onnx_path, t, batch, seq_len, threads, warmup, repeats, mode, context)
         samples, disturbed = timed_runs(run, warmup, repeats, patience)
     return summarize(samples, t.name, t.fingerprint(threads)), disturbed
 
@@ -104,6 +110,8 @@ def measure_interleaved(
     repeats: int = 30,
     rounds: int = 3,
     targets: dict[str, str | Target] | None = None,
+    mode: str = "forward",
+    context: int | None = None,
 ) -> dict[str, LatencyStats]:
     """Latency of several models compared with each other: ``rounds`` alternating passes over the models,
     ``repeats`` timed runs per model in all (at most ``repeats`` rounds), so a drift in machine load
@@ -123,7 +131,7 @@ def measure_interleaved(
     per_round = max(1, -(-repeats // rounds))
     pooled: dict[str, list[float]] = {name: [] for name in models}
     with contextlib.ExitStack() as stack:
-        runs = {name: open_runner(stack, m, target_of[name], batch, seq_len, threads, warmup, repeats)
+        runs = {name: open_runner(stack, m, target_of[name], batch, seq_len, threads, warmup, repeats, mode, context)
                 for name, m in models.items()}  # fmt: skip
         for _ in range(rounds):
             for name, run in runs.items():
@@ -135,7 +143,16 @@ def measure_interleaved(
 
 
 def open_runner(
-    stack: contextlib.ExitStack, model_or_onnx_path, target: Target, batch, seq_len, threads, warmup, repeats
+    stack: contextlib.ExitStack,
+    model_or_onnx_path,
+    target: Target,
+    batch,
+    seq_len,
+    threads,
+    warmup,
+    repeats,
+    mode: str = "forward",
+    context: int | None = None,
 ) -> Callable[[], float]:
     """Check the arguments and open a ``run() -> ms`` for the model on the target (closed with ``stack``)."""
     check_sizes(seq_len=seq_len, batch=batch, repeats=repeats, warmup=warmup)
@@ -147,11 +164,12 @@ def open_runner(
         path = model_or_onnx_path
         if not is_path:
             folder = Path(stack.enter_context(tempfile.TemporaryDirectory()))
-            path = target.prepare(model_or_onnx_path, folder / "m.onnx")
-        return stack.enter_context(target.runner(Path(path), batch=batch, seq_len=seq_len, threads=threads))
-    if is_path:
+            path = target.prepare(model_or_onnx_path, folder / "m.onnx", mode)
+        model_or_onnx_path = Path(path)
+    elif is_path:
         raise XSearchError(f"target {target.name!r} measures a torch model; got a path ({model_or_onnx_path})")
-    return stack.enter_context(target.runner(model_or_onnx_path, batch=batch, seq_len=seq_len, threads=threads))
+    return stack.enter_context(target.runner(model_or_onnx_path, batch=batch, seq_len=seq_len, threads=threads,
+                                             mode=mode, context=context))  # fmt: skip
 
 
 def run_queue_wait_ns() -> int | None:
@@ -206,3 +224,13 @@ class MeasureSettings(Settings):
     threads: int | None = option(None, "intra-op threads (default: the engine's own)", gt=0)
     repeats: int = option(20, "timed runs", ge=1)
     warmup: int = option(3, "untimed runs first", ge=0)
+    latency_mode: str = option(
+        "forward", "forward: a whole sequence; prefill: a decoder's prompt of seq_len tokens; decode: one "
+        "decoder step with --context tokens in the state", choices=LATENCY_MODES,
+    )  # fmt: skip
+    context: int | None = option(None, "decode mode: tokens already in the state (default: seq_len - 1)", gt=0)
+
+    @property
+    def decode_context(self) -> int | None:
+        """The context a decode step is timed at (None outside decode mode)."""
+        return (self.context or max(1, self.seq_len - 1)) if self.latency_mode == "decode" else None

@@ -60,6 +60,13 @@ class Objective:
         self.seq_len = settings.seq_len or task.max_len
         if self.seq_len > task.max_len:
             raise XSearchError(f"seq_len {self.seq_len} exceeds the task's max_len={task.max_len}")
+        if settings.latency_mode != "forward" and task.kind != "lm":
+            raise XSearchError(f"latency mode {settings.latency_mode!r} times a decoder: it needs the lm task, "
+                               f"not {task.name!r}")  # fmt: skip
+        # decode: the step that makes token seq_len, unless a context is given
+        self.context = (settings.context or max(1, self.seq_len - 1)) if settings.latency_mode == "decode" else None
+        if self.context is not None and self.context + 1 > task.max_len:
+            raise XSearchError(f"context {self.context} plus the timed token exceeds the task's max_len={task.max_len}")
         self.predictor = None
         if settings.latency_predictor is not None:
             from xsearch.latency.predictor import load_for_target
@@ -188,12 +195,13 @@ class Objective:
         from xsearch.latency.timing import device_fingerprint, measure
 
         device = device_fingerprint(self.s.target, self.s.threads)
-        key = cache_key(cfg.to_dict(), self.s.target, self.s.batch, self.seq_len, device)
+        mode = self.s.latency_mode
+        key = cache_key(cfg.to_dict(), self.s.target, self.s.batch, self.seq_len, device, mode, self.context)
         stats = self.cache.get(key)
         cached = stats is not None
         if stats is None:
             stats = measure(model, self.s.target, batch=self.s.batch, seq_len=self.seq_len, threads=self.s.threads,
-                            repeats=self.s.latency_repeats)  # fmt: skip
+                            repeats=self.s.latency_repeats, mode=mode, context=self.context)  # fmt: skip
             self.cache.put(key, stats)
         trial.set_user_attr("latency", stats.to_dict())
         trial.set_user_attr("latency_cached", cached)

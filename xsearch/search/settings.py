@@ -8,7 +8,8 @@ from typing import Any, ClassVar
 
 from xsearch.errors import SettingError
 from xsearch.latency.target import list_targets
-from xsearch.settings import Settings, option
+from xsearch.latency.timing import MeasureSettings
+from xsearch.settings import Settings, option, same_as
 
 SAMPLERS = ("tpe", "nsga2", "random")
 OBJECTIVES = ("both", "accuracy")
@@ -61,6 +62,8 @@ class SearchSettings(StudySettings):
         None, "a predictor JSON (xsearch latency fit): candidates predicted over max_latency_ms are never trained"
     )
     latency_repeats: int = option(10, "timed runs per candidate", ge=1)
+    latency_mode: str = same_as(MeasureSettings, "latency_mode")
+    context: int | None = same_as(MeasureSettings, "context")
     supernet: str | None = option(
         None,
         "a supernet folder (xsearch supernet train): each trial is scored on the validation split with its "
@@ -97,6 +100,12 @@ class SearchSettings(StudySettings):
             raise SettingError(
                 ("pruner", "train_steps"), "{0} 'median' compares trials at equal training steps: give {1}"
             )
+        if self.latency_predictor is not None and self.latency_mode != "forward":
+            raise SettingError(("latency_predictor", "latency_mode"),
+                               f"{{0}} models forward latency; {{1}} {self.latency_mode!r} is measured")  # fmt: skip
+        if self.context is not None and self.latency_mode != "decode":
+            raise SettingError(("context", "latency_mode"), "{0} is the state's length of a decode step: give {1} "
+                               "'decode'")  # fmt: skip
         if self.grace_period is not None and self.grace_period <= self.heartbeat_interval:
             raise SettingError(
                 ("grace_period", "heartbeat_interval"),

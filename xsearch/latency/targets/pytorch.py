@@ -8,7 +8,7 @@ from typing import Any
 
 from xsearch.errors import XSearchError
 from xsearch.latency.device import host_fingerprint
-from xsearch.latency.target import Runner, Target, check_length, random_tokens, register_target
+from xsearch.latency.target import Runner, Target, check_length, check_mode, random_tokens, register_target
 
 
 class TorchTarget(Target):
@@ -20,7 +20,8 @@ class TorchTarget(Target):
         return host_fingerprint(threads)
 
     @contextlib.contextmanager
-    def runner(self, model_or_path, *, batch, seq_len, threads, shared_pool=False) -> Runner:
+    def runner(self, model_or_path, *, batch, seq_len, threads, shared_pool=False, mode="forward",
+               context=None) -> Runner:  # fmt: skip
         import torch
 
         if not isinstance(model_or_path, torch.nn.Module):
@@ -28,6 +29,7 @@ class TorchTarget(Target):
         model = model_or_path
         cfg = model.config
         check_length(seq_len, cfg.max_len)
+        check_mode(mode, context, cfg.to_dict())
         cuda = self.device == "cuda"
         old_threads = torch.get_num_threads()
         if threads is not None:
@@ -36,6 +38,16 @@ class TorchTarget(Target):
         model = model.to(dev).eval()
         ids_np, mask_np = random_tokens(cfg.vocab_size, batch, seq_len)
         ids, mask = torch.from_numpy(ids_np).to(dev), torch.from_numpy(mask_np).to(dev)
+        if mode == "forward":
+            call = lambda: model(ids, mask)  # noqa: E731
+        elif mode == "prefill":
+            call = lambda: model.prefill(ids, mask)  # noqa: E731
+        else:  # decode: every timed step starts from the same state of `context` tokens
+            ctx_np, ctx_mask_np = random_tokens(cfg.vocab_size, batch, context)
+            with torch.inference_mode():
+                _, state = model.prefill(torch.from_numpy(ctx_np).to(dev), torch.from_numpy(ctx_mask_np).to(dev))
+            nxt = ids[:, 0]
+            call = lambda: model.step(nxt, state)  # noqa: E731
 
         def run() -> float:
             with torch.inference_mode():
@@ -43,12 +55,12 @@ class TorchTarget(Target):
                     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                     torch.cuda.synchronize()
                     start.record()
-                    model(ids, mask)
+                    call()
                     end.record()
                     torch.cuda.synchronize()
                     return start.elapsed_time(end)
                 t0 = time.perf_counter()
-                model(ids, mask)
+                call()
                 return (time.perf_counter() - t0) * 1000.0
 
         try:
