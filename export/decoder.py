@@ -114,14 +114,16 @@ def export_decoder(
                            f"causal={config.causal}, head={config.head!r}")  # fmt: skip
     if config.max_len < 16:
         raise XSearchError(f"a decoder export needs max_len >= 16, got {config.max_len}")
+    from xsearch.export.onnx_export import example_length
+
     layout = state_layout(model)
     names = decoder_names([(i, name, kv) for i, name, kv in layout])
     step_path = step_path_for(path)
     growing = _growing_dims(model, layout, config.vocab_size)
     dyn = torch.export.Dim.DYNAMIC
-    # Rows of different lengths, long enough that no traced size is 0 or 1 (torch.export would
-    # specialise it) and below max_len by enough for the check's steps.
-    n_example = max(3, min(config.max_len // 2, 37))
+    # Rows of different lengths, the longest a long prime (as for an encoder, see example_length: no
+    # traced size is 0 or 1, derived block counts are as large as they get and padding paths are traced).
+    n_example = example_length(config.max_len - 1)
     ids, mask = _prompts(config.vocab_size, [n_example, n_example - 2], 1)
     with torch.no_grad():
         _, state = model.prefill(ids, mask)
@@ -160,7 +162,7 @@ def export_decoder(
 
 
 def _export(graph, example, dynamic, inputs, outputs, *, opset, portable) -> onnx.ModelProto:
-    from xsearch.export.onnx_export import _check_no_randomness, _quiet_torch_logs
+    from xsearch.export.onnx_export import _check_no_randomness, _quiet_torch_logs  # (one module imports the other)
 
     fusion = standard_ops_only() if portable else contextlib.nullcontext()
     with warnings.catch_warnings(), torch.no_grad(), _quiet_torch_logs(), fusion:

@@ -9,7 +9,7 @@ from tests.conftest import D_MODEL, MAX_LEN, small_attention
 CAUSAL = xsearch.list_attentions(causal=True)
 TOTAL = 60  # prompt + steps, within MAX_LEN: crosses several blocks, segments and windows
 #: Variants whose state does not grow with the context (its tensors keep their shapes).
-CONSTANT_STATE = {"linear", "performer", "local", "longformer", "sparse", "xl", "compressive"}
+CONSTANT_STATE = {"linear", "performer", "local", "longformer", "sparse", "xl", "compressive", "image"}
 
 
 def _decode(m, x, prompt_lengths):

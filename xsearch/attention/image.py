@@ -8,6 +8,7 @@ import torch
 
 from xsearch.attention._base import Attention, AttentionSpec, positive_int, sdpa
 from xsearch.attention._blocks import real_tokens
+from xsearch.attention._decode import lengths_of, ring_from_prefix, ring_write
 from xsearch.attention._registry import register
 from xsearch.errors import XSearchError
 
@@ -39,7 +40,52 @@ class ImageAttention(Attention):
     a block); here the token order is the image raster order, so the decoder mask follows it:
     of the memory block, a query sees the rows above its own in full, its own row up to
     itself, and nothing of the rows below it (left flange included).
+
+    Decoding state: a ring buffer of the last ``(block_h + memory - 1) · width + min(block_w + memory,
+    width)`` keys and values, ``key`` and ``value`` ``(B, H, R, Dh)``: the farthest back a query's
+    memory block reaches (its top-left cell), constant in the context length. A step gathers the
+    new query's memory block, ``(block_h + memory) x (block_w + 2·memory)`` cells, from the ring
+    and attends those.
     """
+
+    state_names = ("key", "value")
+
+    @property
+    def ring_size(self) -> int:
+        """Slots of the decoding ring: from a query back to the top-left cell of its memory block."""
+        width, bh, bw, m = (self.params[k] for k in ("width", "block_h", "block_w", "memory"))
+        return (bh + m - 1) * width + min(bw + m, width)
+
+    def prefill(self, x, mask=None):
+        mask = self.check_decoding(x, mask)
+        length = lengths_of(x, mask)
+        k = self.split_heads(self.k_proj(x))  # (B, H, N, Dh)
+        v = self.split_heads(self.v_proj(x))
+        ring = self.ring_size
+        state = {"key": ring_from_prefix(k, length, ring, dim=2), "value": ring_from_prefix(v, length, ring, dim=2)}
+        return self.forward(x, mask), {"length": length, **state}
+
+    def step(self, x_t, state):
+        length = self.check_step(x_t, state)  # the new token's position t, per row
+        width, bh, bw, m = (self.params[k] for k in ("width", "block_h", "block_w", "memory"))
+        dev = x_t.device
+        q, k, v = self.project_qkv(x_t[:, None])  # (B, H, 1, Dh)
+        key = ring_write(state["key"], k[:, :, 0], length, dim=2)  # (B, H, R, Dh)
+        value = ring_write(state["value"], v[:, :, 0], length, dim=2)
+        # The query's cell and its block's top-left cell (r0, c0); its memory block's cells.
+        col = torch.remainder(length, width)
+        row = torch.div(length - col, width, rounding_mode="floor")
+        r0, c0 = row - torch.remainder(row, bh), col - torch.remainder(col, bw)  # (B,)
+        krow = r0[:, None, None] + torch.arange(-m, bh, device=dev)[None, :, None]  # (B, bh + m, 1)
+        kcol = c0[:, None, None] + torch.arange(-m, bw + m, device=dev)[None, None, :]  # (B, 1, bw + 2m)
+        pos = (krow * width + kcol).flatten(1)  # (B, K)
+        # In the grid and not after the query in raster order (the rows below are outside the block).
+        seen = ((kcol >= 0) & (kcol < width) & (krow >= 0)).flatten(1) & (pos <= length[:, None])
+        slot = torch.remainder(pos.clamp(min=0), key.shape[2])  # (B, K): where the ring holds each cell
+        idx = slot[:, None, :, None].expand(-1, self.n_heads, -1, self.head_dim)
+        kb, vb = torch.gather(key, 2, idx), torch.gather(value, 2, idx)  # (B, H, K, Dh)
+        out = sdpa(q, kb, vb, seen[:, None, None, :])  # (B, H, 1, Dh)
+        return self.finish(out, None)[:, 0], {"length": length + 1, "key": key, "value": value}
 
     def check_params(self, width: int, block_h: int, block_w: int, memory: int) -> None:
         positive_int("image", "width", width)

@@ -67,7 +67,7 @@ class MemoryCompressedAttention(Attention):
     group not yet complete hold zeros). So the buffers grow by one slot a token, as a state whose
     shape follows the step count must (rows of a batch complete their groups at different steps),
     yet hold ``N / c`` summaries: ``O(N·Dh/c)`` in all. A step attends the ``N / c`` summaries and
-    at most c raw keys, and compresses the current group from its ring when it completes.
+    at most c raw keys; where the step completes a group, its ring's convolution is stored.
     """
 
     projections_called_as_modules = False  # k/v weights are folded with the compression
@@ -85,14 +85,14 @@ class MemoryCompressedAttention(Attention):
         y = self.forward(x, mask)
         length = lengths_of(x, mask)
         state = {"length": length}
+        real = real_tokens(mask, b, n, c, x.device).to(x.dtype)  # (B, Np)
+        xg = (pad_to_multiple(x, c, dim=1) * real[..., None]).view(b, -1, c * self.d_model)  # (B, G, c*D)
+        g = xg.shape[1]
+        done = (torch.arange(g, device=x.device) + 1) * c <= length[:, None]  # (B, G): complete groups
         for name, proj, conv in (("key", self.k_proj, self.k_conv), ("value", self.v_proj, self.v_conv)):
             raw = self.split_heads(proj(x))  # (B, H, N, Dh)
             state[name] = ring_from_prefix(raw, length, c, dim=2)  # (B, H, c, Dh)
-            real = real_tokens(mask, b, n, c, x.device).to(x.dtype)  # (B, Np)
-            xg = (pad_to_multiple(x, c, dim=1) * real[..., None]).view(b, -1, c * self.d_model)
-            summary = self._compress(xg, real.view(b, -1, c), proj, conv)  # (B, H, G, Dh)
-            g = summary.shape[2]
-            done = (torch.arange(g, device=x.device) + 1) * c <= length[:, None]  # (B, G): complete groups
+            summary = self._compress(xg, real.view(b, g, c), proj, conv)  # (B, H, G, Dh)
             summary = F.pad(summary * done[:, None, :, None].to(x.dtype), (0, c * e - d))  # (B, H, G, c*e)
             state["c" + name] = summary.reshape(b, self.n_heads, g * c, e)[:, :, :n]  # (B, H, N, e)
         return y, state
@@ -107,7 +107,8 @@ class MemoryCompressedAttention(Attention):
         new = {"length": length + 1}
         for name, raw, conv in (("key", k, self.k_conv), ("value", v, self.v_conv)):
             ring = ring_write(state[name], raw[:, :, 0], length, dim=2)  # (B, H, c, Dh)
-            # The group's summary conv(ring): read only where the group is complete (offset c - 1).
+            # The group's summary conv(ring), kept only where the group is complete (offset c - 1):
+            # a c·(H·Dh)² product every step, the price of a step without a branch.
             w = conv.weight.permute(0, 2, 1).reshape(h * d, c * h * d)  # (out, tap-major in)
             summary = F.linear(ring.permute(0, 2, 1, 3).reshape(b, c * h * d), w).view(b, h, d)
             new[name] = ring

@@ -175,7 +175,7 @@ class SynthesizerAttention(Attention):
 
     def step(self, x_t, state):
         length = self.check_step(x_t, state)  # the new token's position t, per row
-        mode, mix = self.params["mode"], self.params["mix"]
+        mix = self.params["mix"]
         syn = 1.0 - mix
         x1 = x_t[:, None]  # (B, 1, D)
         k = self.split_heads(self.k_proj(x1))[:, :, 0]  # (B, H, Dh)
