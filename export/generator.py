@@ -33,6 +33,15 @@ def _session(path: Path, threads: int | None, providers: list[str] | None):
         raise XSearchError(f"cannot load {path} with onnxruntime: {e}") from None
 
 
+def _ortvalue(value: Any) -> Any:
+    """``value`` as an onnxruntime ``OrtValue`` (numpy arrays are wrapped, OrtValues kept)."""
+    import onnxruntime as ort
+
+    if isinstance(value, ort.OrtValue):
+        return value
+    return ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(value))
+
+
 def is_decoder_export(session: Any) -> bool:
     """Whether an onnxruntime session holds a decoder export (prefill or step graph)."""
     return KEY_DECODER in session.get_modelmeta().custom_metadata_map
@@ -82,20 +91,25 @@ class Generator:
         enc = (self.task or {}).get("encoding")
         self.encoding = Encoding.from_dict(enc) if enc else None
 
-    def prefill(self, input_ids: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-        """Logits ``(B, N, V)`` of right-padded prompts and the state after them."""
-        outs = self.prefill_session.run(
-            [OUTPUT, PRESENT_LENGTH, *self.state_outputs], {INPUTS[0]: input_ids, INPUTS[1]: mask}
-        )
-        return outs[0], self._state(outs[1:])
+    def prefill(self, input_ids: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, dict[str, Any]]:
+        """Logits ``(B, N, V)`` of right-padded prompts and the state after them.
 
-    def step(self, next_ids: np.ndarray, state: dict[str, np.ndarray]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-        """Logits ``(B, V)`` after one more token per row, and the state that includes it."""
-        feed = {INPUTS[0]: np.asarray(next_ids, dtype=np.int64), **state}
-        outs = self.step_session.run([OUTPUT, PRESENT_LENGTH, *self.state_outputs], feed)
-        return outs[0], self._state(outs[1:])
+        The state stays in onnxruntime's memory (``OrtValue``s, fed back to ``step`` as they are): a
+        round trip through numpy would copy every cache twice a token.
+        """
+        feed = {INPUTS[0]: _ortvalue(input_ids), INPUTS[1]: _ortvalue(mask)}
+        outs = self.prefill_session.run_with_ort_values([OUTPUT, PRESENT_LENGTH, *self.state_outputs], feed)
+        return outs[0].numpy(), self._state(outs[1:])
 
-    def _state(self, outs: list[np.ndarray]) -> dict[str, np.ndarray]:
+    def step(self, next_ids: np.ndarray, state: dict[str, Any]) -> tuple[np.ndarray, dict[str, Any]]:
+        """Logits ``(B, V)`` after one more token per row, and the state that includes it (``state``'s
+        values may be numpy arrays or ``OrtValue``s)."""
+        feed = {INPUTS[0]: _ortvalue(np.asarray(next_ids, dtype=np.int64))}
+        feed.update({name: _ortvalue(value) for name, value in state.items()})
+        outs = self.step_session.run_with_ort_values([OUTPUT, PRESENT_LENGTH, *self.state_outputs], feed)
+        return outs[0].numpy(), self._state(outs[1:])
+
+    def _state(self, outs: list[Any]) -> dict[str, Any]:
         return {PAST_LENGTH: outs[0], **dict(zip(self.state_inputs, outs[1:]))}
 
     def generate(

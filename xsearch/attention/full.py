@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from xsearch.attention._base import Attention, AttentionSpec, sdpa
-from xsearch.attention._decode import append_at, lengths_of, slot_mask
+from xsearch.attention._decode import attend_one, lengths_of
 from xsearch.attention._registry import register
 
 
@@ -23,10 +23,13 @@ from xsearch.attention._registry import register
 class FullAttention(Attention):
     """Softmax attention through ``F.scaled_dot_product_attention`` (fused on CPU and CUDA).
 
-    Decoding state: the KV cache, ``key`` and ``value`` ``(B, H, N, Dh)``, growing by one slot a token.
+    Decoding state: the KV cache, ``key`` and ``value`` ``(B, H, N, Dh)``, and ``prompt_length`` ``(B,)``.
+    A step appends its key and value at the end for every row (one concatenation, the copy of
+    optimum's decoder-with-past); a row whose prompt was shorter than the batch's has unused slots
+    between its prompt and its generated tokens, which ``prompt_length`` masks.
     """
 
-    state_names = ("key", "value")
+    state_names = ("key", "value", "prompt_length")
     kv_cache = True
 
     def prefill(self, x, mask=None):
@@ -37,16 +40,21 @@ class FullAttention(Attention):
         if mask is not None:  # padded slots hold zeros, never read
             real = mask[:, None, :, None].to(k.dtype)
             k, v = k * real, v * real
-        return y, {"length": length, "key": k, "value": v}
+        return y, {"length": length, "key": k, "value": v, "prompt_length": length}
 
     def step(self, x_t, state):
         length = self.check_step(x_t, state)
+        prompt = state["prompt_length"]
         q, k, v = self.project_qkv(x_t[:, None])  # (B, H, 1, Dh)
-        key = append_at(state["key"], k[:, :, 0], length, dim=2)  # (B, H, S + 1, Dh)
-        value = append_at(state["value"], v[:, :, 0], length, dim=2)
-        seen = slot_mask(length + 1, key.shape[2])[:, None, None, :]  # (B, 1, 1, S + 1)
-        out = sdpa(q, key, value, seen)  # (B, H, 1, Dh)
-        return self.finish(out, None)[:, 0], {"length": length + 1, "key": key, "value": value}
+        key = torch.cat([state["key"], k], dim=2)  # (B, H, S + 1, Dh)
+        value = torch.cat([state["value"], v], dim=2)
+        width = key.shape[2]
+        after = length - prompt + 1  # tokens after the prompt, this one included (the same for every row)
+        slot = torch.arange(width, device=key.device)[None, :]
+        seen = (slot < prompt[:, None]) | (slot >= width - after[:, None])  # (B, S + 1)
+        out = attend_one(q, key, value, seen, self.scale)  # (B, H, 1, Dh)
+        new = {"length": length + 1, "key": key, "value": value, "prompt_length": prompt}
+        return self.finish(out, None)[:, 0], new
 
     def attend(self, q, k, v, mask):
         # q, k, v: (B, H, N, Dh)
