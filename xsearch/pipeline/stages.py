@@ -43,6 +43,19 @@ class RunContext:
     def seq_len(self) -> int:
         return self.cfg.search.seq_len or self.task.max_len
 
+    @property
+    def latency_mode(self) -> str:
+        """What the search timed, and so what the files are exported for and timed at: ``forward``, or a
+        decoder's ``prefill`` or ``decode``."""
+        return self.cfg.search.latency_mode
+
+    @property
+    def context(self) -> int | None:
+        """The state's length of a timed decode step (as the search's: ``seq_len - 1`` unless given)."""
+        if self.latency_mode != "decode":
+            return None
+        return self.cfg.search.context or max(1, self.seq_len - 1)
+
     def folder(self, name: str) -> Path:
         return self.run.folder(name)
 
@@ -269,7 +282,7 @@ def run_export_stage(ctx: RunContext, work: Path) -> dict[str, Any]:
     e = ctx.cfg.export
     for filename, stage in EXPORTS.items():
         report = to_onnx(ctx.load_model(stage), work / filename, task=ctx.task.describe(), opset=e.opset,
-                         portable=e.portable)  # fmt: skip
+                         portable=e.portable, decoder=ctx.latency_mode != "forward")  # fmt: skip
         out[filename] = {"from": stage, "max_abs_diff": report.max_abs_diff, "size_bytes": report.size_bytes}
         ctx.echo(f"  {filename}: {report.size_bytes / 1e6:.2f} MB, parity max |diff| {report.max_abs_diff:.1e}")
     return {"files": out}
@@ -317,7 +330,8 @@ def run_verify_stage(ctx: RunContext, work: Path) -> dict[str, Any]:
     }
     target = deploy_target(ctx.cfg.target)
     stats = measure_interleaved(files, target, batch=ctx.cfg.batch, seq_len=ctx.seq_len, threads=ctx.cfg.threads,
-                                repeats=ctx.cfg.verify.latency_repeats)  # fmt: skip
+                                repeats=ctx.cfg.verify.latency_repeats, mode=ctx.latency_mode,
+                                context=ctx.context)  # fmt: skip
     rows = {}
     chance = ctx.task.chance("test")
     ctx.echo(f"  chance level ({'unigram model' if ctx.task.kind == 'lm' else 'majority class'}, test split): "
@@ -329,7 +343,8 @@ def run_verify_stage(ctx: RunContext, work: Path) -> dict[str, Any]:
         ctx.echo(f"  {name:9s} {_metric_name(ctx)} {metric:.4f}  {stats[name].median_ms:8.2f} ms  "
                  f"{path.stat().st_size / 1e6:6.2f} MB  ({path.name})")  # fmt: skip
     return {"target": target, "seq_len": ctx.seq_len, "batch": ctx.cfg.batch, "threads": ctx.cfg.threads,
-            "chance": chance, "test_size": ctx.task.size("test"), "models": rows}  # fmt: skip
+            "latency_mode": ctx.latency_mode, "context": ctx.context, "chance": chance,
+            "test_size": ctx.task.size("test"), "models": rows}  # fmt: skip
 
 
 def run_summary_stage(ctx: RunContext, work: Path) -> dict[str, Any]:

@@ -110,6 +110,8 @@ def build_summary(ctx) -> dict[str, Any]:
         "target": verify["target"],
         "search_target": ctx.cfg.target,
         "seq_len": verify["seq_len"],
+        "latency_mode": verify.get("latency_mode", "forward"),
+        "context": verify.get("context"),
         "batch": verify["batch"],
         "threads": verify["threads"],
         "models": models,
@@ -167,6 +169,14 @@ def _chance_label(summary: dict[str, Any]) -> str:
     return f"chance ({summary.get('chance_kind', 'majority class')})"
 
 
+def timed_what(summary: dict[str, Any]) -> str:
+    """What each latency of the summary is: a forward pass, a prefill or one decode step."""
+    mode = summary.get("latency_mode", "forward")
+    if mode == "decode":
+        return f"one decode step after {summary['context']} tokens"
+    return f"{'a prefill of ' if mode == 'prefill' else ''}{summary['seq_len']} tokens"
+
+
 def _header(summary: dict[str, Any]) -> list[str]:
     return ["model", f"test {summary['metric']}", "latency ms", "parameters", "file MB", "speedup", "smaller", "delta"]
 
@@ -178,7 +188,7 @@ def summary_markdown(summary: dict[str, Any]) -> str:
         f"# xsearch run: {s['run']}",
         "",
         f"Task `{s['task']['name']}` (max_len {s['task']['max_len']}), latency on `{s['target']}` at batch "
-        f"{s['batch']}, {s['seq_len']} tokens, {s['threads']} threads, measured interleaved in one process; "
+        f"{s['batch']}, {timed_what(s)}, {s['threads']} threads, measured interleaved in one process; "
         f"test-split {s['metric']} computed through onnxruntime from the ONNX files.",
         "",
         "| " + " | ".join(_header(s)[:1] + ["architecture"] + _header(s)[1:]) + " |",
@@ -236,7 +246,7 @@ def print_summary(summary: dict[str, Any], console=None) -> None:
 
     console = console or Console(width=max(Console().width, 100))  # the table needs ~90 columns, also in logs
     s = summary
-    title = f"{s['run']}: {s['task']['name']} on {s['target']} ({s['seq_len']} tokens, {s['threads']} threads)"
+    title = f"{s['run']}: {s['task']['name']} on {s['target']} ({timed_what(s)}, {s['threads']} threads)"
     table = Table(box=box.SIMPLE_HEAD, title=title)
     for i, col in enumerate(_header(s)):
         table.add_column(col, justify="left" if i == 0 else "right")
