@@ -142,7 +142,7 @@ def test_predictions_match_the_predictor(server, predictor):
         assert status == 200 and body == {"predictions": json.loads(json.dumps(want))}
     status, _, body = call(server.port, "GET", "/health")
     assert status == 200 and body == {"status": "ok", "model": predictor.path, "kind": "classify", "max_len": 64,
-                                      "xsearch_version": predictor.version}  # fmt: skip
+                                      "xsearch_version": predictor.version, "generate": False}  # fmt: skip
     assert call(server.port, "GET", "/health/")[0] == 200
 
 
