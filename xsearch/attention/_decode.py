@@ -84,6 +84,17 @@ def ring_write(buf: torch.Tensor, new: torch.Tensor, length: torch.Tensor, dim: 
     return torch.where(_along(here, buf, dim), new.unsqueeze(dim), buf)
 
 
+def kv_ring(k: torch.Tensor, v: torch.Tensor, length: torch.Tensor, size: int) -> State:
+    """``{"key", "value"}``: rings of ``size`` slots after a prompt's keys and values ``(B, H, N, Dh)``."""
+    return {"key": ring_from_prefix(k, length, size, dim=2), "value": ring_from_prefix(v, length, size, dim=2)}
+
+
+def kv_ring_write(state: State, k: torch.Tensor, v: torch.Tensor, length: torch.Tensor):
+    """The ``key`` and ``value`` rings ``(B, H, R, Dh)`` of ``state`` with one step's ``k``, ``v``
+    ``(B, H, 1, Dh)`` written at position ``length``."""
+    return ring_write(state["key"], k[:, :, 0], length, dim=2), ring_write(state["value"], v[:, :, 0], length, dim=2)
+
+
 def ring_positions(last: torch.Tensor, size: int) -> torch.Tensor:
     """long ``(B, size)``: the position each slot holds when row ``i``'s latest is ``last[i]``
     (``last - ((last - s) mod size)``); negative where the slot holds nothing yet."""

@@ -8,7 +8,7 @@ import torch
 
 from xsearch.attention._base import Attention, AttentionSpec, positive_int, sdpa
 from xsearch.attention._blocks import real_tokens
-from xsearch.attention._decode import lengths_of, ring_from_prefix, ring_write
+from xsearch.attention._decode import kv_ring, kv_ring_write, lengths_of
 from xsearch.attention._registry import register
 from xsearch.errors import XSearchError
 
@@ -62,7 +62,7 @@ class ImageAttention(Attention):
         k = self.split_heads(self.k_proj(x))  # (B, H, N, Dh)
         v = self.split_heads(self.v_proj(x))
         ring = self.ring_size
-        state = {"key": ring_from_prefix(k, length, ring, dim=2), "value": ring_from_prefix(v, length, ring, dim=2)}
+        state = kv_ring(k, v, length, ring)
         return self.forward(x, mask), {"length": length, **state}
 
     def step(self, x_t, state):
@@ -70,8 +70,7 @@ class ImageAttention(Attention):
         width, bh, bw, m = (self.params[k] for k in ("width", "block_h", "block_w", "memory"))
         dev = x_t.device
         q, k, v = self.project_qkv(x_t[:, None])  # (B, H, 1, Dh)
-        key = ring_write(state["key"], k[:, :, 0], length, dim=2)  # (B, H, R, Dh)
-        value = ring_write(state["value"], v[:, :, 0], length, dim=2)
+        key, value = kv_ring_write(state, k, v, length)  # (B, H, R, Dh)
         # The query's cell and its block's top-left cell (r0, c0); its memory block's cells.
         col = torch.remainder(length, width)
         row = torch.div(length - col, width, rounding_mode="floor")

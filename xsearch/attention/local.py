@@ -16,7 +16,7 @@ from xsearch.attention._blocks import (
     to_blocks,
     window_positions,
 )
-from xsearch.attention._decode import lengths_of, ring_from_prefix, ring_positions, ring_write
+from xsearch.attention._decode import kv_ring, kv_ring_write, lengths_of, ring_positions
 from xsearch.attention._registry import register
 from xsearch.errors import XSearchError
 
@@ -55,15 +55,14 @@ class LocalAttention(Attention):
         y = self.finish(self.attend(q, k, v, mask), mask)
         length = lengths_of(x, mask)
         ring = self.ring_size
-        state = {"key": ring_from_prefix(k, length, ring, dim=2), "value": ring_from_prefix(v, length, ring, dim=2)}
+        state = kv_ring(k, v, length, ring)
         return y, {"length": length, **state}
 
     def step(self, x_t, state):
         length = self.check_step(x_t, state)
         bs, lb = self.params["block_size"], self.params["lookback"]
         q, k, v = self.project_qkv(x_t[:, None])  # (B, H, 1, Dh)
-        key = ring_write(state["key"], k[:, :, 0], length, dim=2)  # (B, H, R, Dh)
-        value = ring_write(state["value"], v[:, :, 0], length, dim=2)
+        key, value = kv_ring_write(state, k, v, length)  # (B, H, R, Dh)
         pos = ring_positions(length, key.shape[2])  # (B, R): the position each slot holds
         first = length - torch.remainder(length, bs) - lb * bs  # the window's first position
         seen = (pos >= first[:, None]) & (pos >= 0)

@@ -14,7 +14,7 @@ from torch import nn
 
 from xsearch.attention._base import Attention, AttentionSpec, pad_to_multiple, positive_int, sdpa, slice_linear
 from xsearch.attention._blocks import band_attention
-from xsearch.attention._decode import lengths_of, ring_from_prefix, ring_write
+from xsearch.attention._decode import kv_ring, kv_ring_write, lengths_of
 from xsearch.attention._registry import register
 from xsearch.errors import XSearchError
 
@@ -113,15 +113,14 @@ class LongformerAttention(Attention):
         y = self.finish(self._window(q, k, v, real, None, None, None, self.dropout_p if self.training else 0.0), mask)
         length = lengths_of(x, mask)
         ring = self.ring_size
-        state = {"key": ring_from_prefix(k, length, ring, dim=2), "value": ring_from_prefix(v, length, ring, dim=2)}
+        state = kv_ring(k, v, length, ring)
         return y, {"length": length, **state}
 
     def step(self, x_t, state):
         length = self.check_step(x_t, state)
         w, dil = self.params["window"], self.params["dilation"]
         q, k, v = self.project_qkv(x_t[:, None])  # (B, H, 1, Dh)
-        key = ring_write(state["key"], k[:, :, 0], length, dim=2)  # (B, H, R, Dh)
-        value = ring_write(state["value"], v[:, :, 0], length, dim=2)
+        key, value = kv_ring_write(state, k, v, length)  # (B, H, R, Dh)
         b, h, r, dh = key.shape
         pos = length[:, None] - dil * torch.arange(w + 1, device=length.device)[None, :]  # (B, w+1): the window
         idx = torch.remainder(pos, r)[:, None, :, None].expand(b, h, w + 1, dh)  # their ring slots

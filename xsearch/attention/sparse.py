@@ -8,7 +8,7 @@ import torch
 
 from xsearch.attention._base import Attention, AttentionSpec, pad_to_multiple, positive_int, sdpa
 from xsearch.attention._blocks import blocked_sdpa, from_blocks, real_tokens, to_blocks
-from xsearch.attention._decode import lengths_of, ring_from_prefix, ring_positions, ring_write
+from xsearch.attention._decode import kv_ring, kv_ring_write, lengths_of, ring_positions
 from xsearch.attention._registry import register
 
 
@@ -81,8 +81,7 @@ class SparseAttention(Attention):
         length = lengths_of(x, mask)
         bs = self.params["block_size"]
         state = {
-            "key": ring_from_prefix(k, length, bs, dim=2),
-            "value": ring_from_prefix(v, length, bs, dim=2),
+            **kv_ring(k, v, length, bs),
             "summary_key": self._summaries(k, length),
             "summary_value": self._summaries(v, length),
         }
@@ -92,8 +91,7 @@ class SparseAttention(Attention):
         length = self.check_step(x_t, state)
         bs, st = self.params["block_size"], self.params["stride"]
         q, k, v = self.project_qkv(x_t[:, None])  # (B, H, 1, Dh)
-        key = ring_write(state["key"], k[:, :, 0], length, dim=2)  # (B, H, bs, Dh)
-        value = ring_write(state["value"], v[:, :, 0], length, dim=2)
+        key, value = kv_ring_write(state, k, v, length)  # (B, H, bs, Dh)
         skey = self._write_summary(state["summary_key"], k[:, :, 0], length)  # (B, H, C, Dh)
         svalue = self._write_summary(state["summary_value"], v[:, :, 0], length)
         first = length - torch.remainder(length, bs)  # the query's block start

@@ -23,7 +23,7 @@ from xsearch.attention._base import (
     slice_param,
 )
 from xsearch.attention._blocks import real_tokens
-from xsearch.attention._decode import lengths_of, ring_from_prefix, ring_positions, ring_write
+from xsearch.attention._decode import kv_ring_write, lengths_of, ring_from_prefix, ring_positions
 from xsearch.attention._registry import register
 from xsearch.errors import XSearchError
 
@@ -246,8 +246,7 @@ class XLAttention(Attention):
         """
         seg, mem = self.params["segment_len"], self.params["mem_len"]
         q, k, v = self.project_qkv(x_t[:, None])  # (B, H, 1, Dh)
-        key = ring_write(state["key"], k[:, :, 0], length, dim=2)  # (B, H, R, Dh)
-        value = ring_write(state["value"], v[:, :, 0], length, dim=2)
+        key, value = kv_ring_write(state, k, v, length)  # (B, H, R, Dh)
         pos = ring_positions(length, key.shape[2])  # (B, R): the position each slot holds
         first = length - torch.remainder(length, seg) - mem  # the segment's start less the memory
         seen = (pos >= first[:, None]) & (pos >= 0)
