@@ -192,6 +192,7 @@ def check_decoder_parity(
     batch of one and a batch of two prompts of different lengths; the greedy tokens must be equal."""
     from xsearch.decoding import Sampler, generate_loop
     from xsearch.export.generator import Generator
+    from xsearch.generation import numpy_decoder
 
     ort_model = Generator(prefill_path, step_path=step_path, threads=torch.get_num_threads())
     cfg = model.config
@@ -200,14 +201,7 @@ def check_decoder_parity(
     cases = [[max(1, longest // 3)], [longest, max(1, longest // 5)]]
     worst = 0.0
 
-    def torch_prefill(i, m):
-        logits, state = model.prefill(torch.from_numpy(i), torch.from_numpy(m))
-        return logits.numpy(), state
-
-    def torch_step(nxt, state):
-        logits, state = model.step(torch.from_numpy(nxt), state)
-        return logits.numpy(), state
-
+    torch_prefill, torch_step = numpy_decoder(model)
     for lengths in cases:
         ids, mask = _prompts(cfg.vocab_size, lengths, sum(lengths))
         prompts = [ids[i, :n].tolist() for i, n in enumerate(lengths)]

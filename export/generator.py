@@ -74,10 +74,8 @@ class Generator:
             raise XSearchError(f"{p} is not a decoder export (export it with --decoder / to_onnx(..., decoder=True))")
         decoder = json.loads(raw)
         if decoder["role"] == "step":  # given the step file: open its prefill file
-            first, p = (
-                _session(p.with_name(decoder["prefill_file"]), threads, providers),
-                p.with_name(decoder["prefill_file"]),
-            )
+            p = p.with_name(decoder["prefill_file"])
+            first = _session(p, threads, providers)
         self.prefill_session = first
         self.step_session = _session(Path(step_path) if step_path else p.with_name(decoder["step_file"]), threads,
                                      providers)  # fmt: skip

@@ -50,6 +50,20 @@ def generate(
         max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, stop=stop,
         longest_prompt=max(len(p) for p in prompts), max_len=config.max_len,
     )  # fmt: skip
+    prefill, step = numpy_decoder(model)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            out = generate_loop(prefill, step, prompts, max_new_tokens, Sampler(temperature, top_k, seed), stop_ids)
+    finally:
+        model.train(was_training)
+    return out[0] if single else out
+
+
+def numpy_decoder(model: torch.nn.Module):
+    """``model.prefill`` and ``model.step`` as the numpy functions ``generate_loop`` drives (the
+    state stays torch's; logits come back as float32 arrays)."""
     device = next(model.parameters()).device
 
     def prefill(ids: np.ndarray, mask: np.ndarray):
@@ -60,11 +74,4 @@ def generate(
         logits, state = model.step(torch.from_numpy(nxt).to(device), state)
         return logits.float().cpu().numpy(), state
 
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            out = generate_loop(prefill, step, prompts, max_new_tokens, Sampler(temperature, top_k, seed), stop_ids)
-    finally:
-        model.train(was_training)
-    return out[0] if single else out
+    return prefill, step

@@ -168,7 +168,7 @@ class XSearchModel(nn.Module):
             logits ``(B, vocab)`` for the token after it, and the state that includes it. The
             logits equal ``forward``'s at that position on the whole sequence.
         """
-        self._check_decoder(None, None)
+        self._check_decoder()
         length = self._check_state(next_ids, state)
         x = self.embed(next_ids)
         x = x + (self.pos(length) if self.config.pos_encoding == "learned" else self.pos_table[length])
@@ -178,7 +178,8 @@ class XSearchModel(nn.Module):
             states.append({k: t for k, t in new.items() if k != "length"})
         return self.head(self.ln_f(x)), {"length": length + 1, "layers": states}
 
-    def _check_decoder(self, input_ids: torch.Tensor | None, mask: torch.Tensor | None) -> torch.Tensor | None:
+    def _check_decoder(self, input_ids: torch.Tensor | None = None, mask: torch.Tensor | None = None):
+        """Refuse a model that cannot decode; check a prompt's shapes and ids when one is given."""
         if not (self.config.causal and self.config.head == "lm"):
             raise XSearchError(
                 f"prefill/step need a causal language model (causal=True, head='lm'); this one has "
