@@ -28,6 +28,7 @@ COMMANDS = {
     "list": ("catalog", "the attention variants"),
     "spaces": ("catalog", "the shipped search spaces"),
     "train": ("training", "train a model on a task and save it"),
+    "pretrain": ("training", "self-pretrain a model on a task's own inputs (masked-token denoising; resumable)"),
     "eval": ("training", "evaluate a saved model"),
     "adapt": ("training", "fit task adapters (bottleneck or LoRA) to a saved model"),
     "search": ("search", "hardware-aware architecture search (Optuna; one or many workers)"),

@@ -1,4 +1,4 @@
-"""``xsearch train``, ``xsearch eval`` and ``xsearch adapt``."""
+"""``xsearch train``, ``xsearch pretrain``, ``xsearch eval`` and ``xsearch adapt``."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from xsearch.cli.args import (
     task_options,
 )
 from xsearch.compress.settings import AdapterSettings
-from xsearch.training.settings import TrainSettings
+from xsearch.training.settings import PretrainSettings, TrainSettings
 
 log = logging.getLogger("xsearch")
 ADAPT_DEFAULTS = {"steps": 300}
@@ -31,12 +31,20 @@ def register(name: str, p: argparse.ArgumentParser) -> None:
     if name == "train":
         add_task_args(p, required=True)
         add_model_args(p)
-        p.add_argument("--init", metavar="DIR", help="start from a saved model's architecture and weights (e.g. a "
-                       "subnet from `xsearch supernet extract`) instead of new ones")  # fmt: skip
+        p.add_argument("--init", metavar="DIR", help="start from a saved model's architecture and weights (a "
+                       "subnet from `xsearch supernet extract`; a folder of `xsearch pretrain`: a new head) "
+                       "instead of new ones")  # fmt: skip
         add_settings(p.add_argument_group("training"), TrainSettings)
         p.add_argument("--quiet", action="store_true", help="no progress bar")
         p.add_argument("--out", required=True, help="output folder (config.json + model.safetensors)")
         p.set_defaults(func=cmd_train)
+    elif name == "pretrain":
+        add_task_args(p, required=True)
+        add_model_args(p)
+        add_settings(p.add_argument_group("pretraining"), PretrainSettings)
+        p.add_argument("--quiet", action="store_true", help="no progress bar")
+        p.add_argument("--out", required=True, help="output folder (run the same command again to resume)")
+        p.set_defaults(func=cmd_pretrain)
     elif name == "eval":
         p.add_argument("model", help="a saved model folder")
         add_task_args(p, required=False)
@@ -65,14 +73,41 @@ def cmd_train(args: argparse.Namespace) -> int:
     out = output_dir(args.out)
     if args.init is not None:
         return _train_from(args, settings, out)
-    if args.attention is not None:  # a bad name or parameter fails before the (slower) task is built
+    task, cfg = _task_and_config(args)
+    return _train_and_save(args, settings, out, task, cfg)
+
+
+def _task_and_config(args: argparse.Namespace):
+    """The task the flags name, and the model they describe for it (a bad attention fails before the task is
+    built, which is slower)."""
+    if args.attention is not None:
         from xsearch.attention import attention_spec
         from xsearch.settings import parse_assignments
 
         attention_spec(args.attention).resolve_params(parse_assignments(args.set, "--set"))
     name, options = checked_task(args.task, task_options(args))
     task = build_task(name, options)
-    return _train_and_save(args, settings, out, task, model_config_from_args(args, task.model_fields()))
+    return task, model_config_from_args(args, task.model_fields())
+
+
+def cmd_pretrain(args: argparse.Namespace) -> int:
+    """``xsearch pretrain``: self-pretraining on the task's own inputs (resumes a checkpoint found in --out)."""
+    import torch
+
+    from xsearch.model import build_model
+    from xsearch.training.pretrain import pretrain
+
+    settings = settings_from_args(PretrainSettings, args)
+    out = output_dir(args.out)
+    task, cfg = _task_and_config(args)
+    torch.manual_seed(settings.seed)
+    record = pretrain(build_model(cfg), task, settings, out=out, progress=not args.quiet)
+    first, last = record["history"][0], record["history"][-1]
+    restored = (f", restored {first['valid_restored']:.3f} -> {last['valid_restored']:.3f}"
+                if "valid_restored" in last else "")  # fmt: skip
+    print(f"saved {out}  objective={record['objective']}  steps={record['steps']}  valid loss "
+          f"{first['valid_loss']:.4f} -> {last['valid_loss']:.4f}{restored}")  # fmt: skip
+    return 0
 
 
 def _train_and_save(args: argparse.Namespace, settings: TrainSettings, out, task, cfg, init=None) -> int:
@@ -100,17 +135,22 @@ def _train_and_save(args: argparse.Namespace, settings: TrainSettings, out, task
 
 
 def _train_from(args: argparse.Namespace, settings: TrainSettings, out) -> int:
-    """``xsearch train --init DIR``: the folder's model, trained further on the task."""
+    """``xsearch train --init DIR``: the folder's model, trained further on the task (with a new head when the
+    folder is a pretraining)."""
     from xsearch.cli.args import MODEL_FLAGS
     from xsearch.serialization import load_model
+    from xsearch.training.pretrain import init_from_pretrained, is_pretrained
 
     given = [flag for key, flag in MODEL_FLAGS.items() if getattr(args, key, None) is not None]
     given += ["--config"] * (args.config is not None) + ["--set"] * bool(args.set)
     if given:
         raise UsageError(f"--init takes the architecture of {args.init}: leave out {given[0]}")
-    model = load_model(args.init)
+    pretrained = is_pretrained(args.init)
+    model = None if pretrained else load_model(args.init)
     name, options = checked_task(args.task, task_options(args))
     task = build_task(name, options)
+    if pretrained:
+        model = init_from_pretrained(args.init, task, seed=settings.seed)
     for key, value in task.model_fields().items():
         if getattr(model.config, key) != value:
             raise UsageError(f"--init {args.init} is a model with {key}={getattr(model.config, key)!r}, but the task "

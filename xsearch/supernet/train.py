@@ -97,7 +97,7 @@ def train_supernet(sn, task, settings: SupernetTrainSettings, *, out: str | os.P
     """
     import torch
 
-    from xsearch.training.loop import TrainingDiverged, _endless, _lr_factor, _progress_bar, evaluate, task_loss
+    from xsearch.training.loop import TrainingDiverged, endless_batches, lr_factor, progress_bar, evaluate, task_loss
 
     out = Path(out) if out is not None else None
     decay, no_decay = _groups(sn)
@@ -118,11 +118,11 @@ def train_supernet(sn, task, settings: SupernetTrainSettings, *, out: str | os.P
         step, elapsed_before, window = state["steps"], state["seconds"], state.get("loss_window", [])
         log.info("resuming supernet training at step %d", step)
     fields = sn.task_fields
-    batches = _endless(task, settings.batch_size, settings.seed)
+    batches = endless_batches(task, settings.batch_size, settings.seed)
     for _ in range(step):  # the batches the steps before the checkpoint used
         next(batches)
     show = sys.stderr.isatty() if progress is None else progress
-    bar = _progress_bar(show, settings.steps, settings.seconds)
+    bar = progress_bar(show, settings.steps, settings.seconds)
     start = time.perf_counter() - elapsed_before
     reference = sn.space.reference_config(fields)
 
@@ -142,7 +142,7 @@ def train_supernet(sn, task, settings: SupernetTrainSettings, *, out: str | os.P
                 break
             frac = step / settings.steps if settings.steps else elapsed / settings.seconds
             for group in opt.param_groups:
-                group["lr"] = settings.lr * _lr_factor(frac, settings.warmup)
+                group["lr"] = settings.lr * lr_factor(frac, settings.warmup)
             subnet = draw_subnet(sn.space, fields, settings.seed, step)
             ids, mask, labels = next(batches)
             torch.manual_seed(settings.seed * 1_000_003 + step)  # dropout, and any variant's own draws

@@ -56,7 +56,8 @@ def task_loss(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, labels: t
     return F.cross_entropy(logits, labels)
 
 
-def _lr_factor(progress: float, warmup_frac: float) -> float:
+def lr_factor(progress: float, warmup_frac: float) -> float:
+    """The learning rate's multiplier at ``progress`` (0..1) of the budget: linear warmup, then cosine to 0.1."""
     if progress < warmup_frac:
         return max(progress / warmup_frac, 1e-3)
     rest = (progress - warmup_frac) / max(1.0 - warmup_frac, 1e-9)
@@ -139,11 +140,11 @@ def train(
 
     model.train()
     best = _Best(model, keep_best, higher_is_better=task.kind != "lm")
-    batches = _endless(task, batch_size, seed)
+    batches = endless_batches(task, batch_size, seed)
     start = time.perf_counter()
     step, window, result = 0, [], TrainResult(0, 0.0, float("nan"))
     last_eval_time = start
-    bar = _progress_bar(show, steps, seconds)
+    bar = progress_bar(show, steps, seconds)
     with bar or nullcontext():
         job = bar.add_task("training", total=steps or seconds) if bar else None
         while True:
@@ -152,7 +153,7 @@ def train(
             if (steps is not None and step >= steps) or (seconds is not None and elapsed >= seconds):
                 break
             for group in opt.param_groups:
-                group["lr"] = lr * _lr_factor(frac, warmup_frac)
+                group["lr"] = lr * lr_factor(frac, warmup_frac)
             ids, mask, labels = next(batches)
             loss = loss_fn(model, ids, mask, labels)
             if not torch.isfinite(loss):
@@ -224,7 +225,7 @@ def _record(model, task, step, window, opt, eval_batches, batch_size) -> dict[st
     return {"step": step, "loss": loss, "lr": opt.param_groups[0]["lr"], "valid": valid}
 
 
-def _endless(task, batch_size: int, seed: int):
+def endless_batches(task, batch_size: int, seed: int):
     """Training batches forever: reshuffled epochs (classify) or random windows (lm)."""
     epoch = 0
     while True:
@@ -237,7 +238,8 @@ def _endless(task, batch_size: int, seed: int):
         epoch += 1
 
 
-def _progress_bar(show: bool, steps, seconds):
+def progress_bar(show: bool, steps, seconds):
+    """A transient rich progress bar counting steps (or seconds), or None when not ``show``."""
     if not show:
         return None
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from xsearch.errors import SettingError
-from xsearch.settings import Settings, option
+from xsearch.settings import Settings, option, same_as
 
 
 @dataclass
@@ -38,3 +38,24 @@ class TrainSettings(Settings):
         return {"steps": self.steps, "seconds": self.seconds, "batch_size": self.batch_size, "lr": self.lr,
                 "warmup": self.warmup, "weight_decay": self.weight_decay, "grad_clip": self.grad_clip,
                 "seed": self.seed, "keep_best": self.keep_best}  # fmt: skip
+
+
+@dataclass
+class PretrainSettings(Settings):
+    """A self-pretraining budget and recipe (masked-token denoising on the task's own train inputs)."""
+
+    ALTERNATIVES: ClassVar[tuple[tuple[str, ...], ...]] = (("steps", "seconds"),)
+
+    steps: int | None = same_as(TrainSettings, "steps")
+    seconds: float | None = same_as(TrainSettings, "seconds")
+    batch_size: int = same_as(TrainSettings, "batch_size")
+    lr: float = same_as(TrainSettings, "lr")
+    warmup: float = same_as(TrainSettings, "warmup")
+    weight_decay: float = same_as(TrainSettings, "weight_decay")
+    grad_clip: float = same_as(TrainSettings, "grad_clip")
+    seed: int = same_as(TrainSettings, "seed", help="seeds the initial weights, the batch order and the masking")
+    mask_fraction: float = option(0.15, "share of each input's tokens to corrupt and predict (BERT's 80/10/10 "
+                                  "rule: masked, random, kept)", gt=0, lt=1)  # fmt: skip
+    checkpoint_every: int = option(200, "steps between checkpoints (a killed run resumes from the last)", ge=1)
+
+    rules = TrainSettings.rules  # exactly one budget
