@@ -97,7 +97,7 @@ def train_supernet(sn, task, settings: SupernetTrainSettings, *, out: str | os.P
     """
     import torch
 
-    from xsearch.training.loop import TrainingDiverged, endless_batches, lr_factor, progress_bar, evaluate, task_loss
+    from xsearch.training.loop import TrainingDiverged, endless_batches, evaluate, lr_factor, progress_bar, task_loss
 
     out = Path(out) if out is not None else None
     decay, no_decay = _groups(sn)

@@ -156,9 +156,9 @@ def _read(out: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]] | None:
 
 
 def _restore(model, head, opt, tensors: dict[str, torch.Tensor]) -> None:
-    model.load_state_dict({k[len("model/"):]: v for k, v in tensors.items() if k.startswith("model/")})
+    model.load_state_dict({k[len("model/") :]: v for k, v in tensors.items() if k.startswith("model/")})
     if head is not None:
-        head.load_state_dict({k[len("head/"):]: v for k, v in tensors.items() if k.startswith("head/")})
+        head.load_state_dict({k[len("head/") :]: v for k, v in tensors.items() if k.startswith("head/")})
     sd = opt.state_dict()
     state: dict[int, dict[str, torch.Tensor]] = {}
     for key, v in tensors.items():
