@@ -345,3 +345,26 @@ def test_supernet_mode_trains_the_supernet_searches_with_it_and_fine_tunes_the_p
     assert summary["search"]["mode"] == "supernet" and summary["train_steps"]["supernet"] == 30
     assert (run / summary["search"]["pareto_png"]).is_file()
     assert any("fine-tuned from its weights in the supernet" in line for line in lines)
+
+
+def test_pretrain_stage_pretrains_the_pick_and_the_reference_then_fine_tunes_them_with_new_heads(tmp_path):
+    from xsearch.pipeline import run_pipeline
+    from xsearch.pipeline.stages import stages_for
+
+    assert "\npretrain:\n" in DEFAULT_YAML and "enabled: false" in DEFAULT_YAML
+    assert "pretrain" not in [s.name for s in stages_for(load_pipeline_config())]  # off: numbering unchanged
+    small = {**SMALL, "pretrain.enabled": True, "pretrain.steps": 12, "train.seconds": None, "train.steps": 6}
+    cfg = load_pipeline_config(overrides=small, name="pre")
+    cfg = type(cfg)(**{**cfg.__dict__, "runs_dir": str(tmp_path)})
+    lines = []
+    summary = run_pipeline(cfg, progress=False, echo=lines.append)
+    run = tmp_path / "pre"
+    stage = json.loads((run / "04-pretrain" / "stage.json").read_text())
+    for name in ("picked", "reference"):
+        assert stage[name]["steps"] == 12 and stage[name]["valid_loss_after"] < stage[name]["valid_loss_before"]
+        assert (run / "04-pretrain" / name / "pretrain.json").is_file()
+    for name in ("05-train", "06-reference"):
+        assert json.loads((run / name / "stage.json").read_text())["init"] == "pretrained"
+    assert summary["train_steps"]["pretrain"] == {"picked": 12, "reference": 12}
+    assert "self-pretraining before training: reference 12, searched 12" in (run / "summary.md").read_text()
+    assert sum("fine-tuned from its pretraining" in line for line in lines) == 2

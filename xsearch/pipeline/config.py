@@ -25,7 +25,7 @@ from xsearch.export.settings import ExportSettings
 from xsearch.search.settings import PickSettings, SearchSettings
 from xsearch.settings import Settings, did_you_mean, from_mapping, option, same_as, yaml_lines, yaml_scalar
 from xsearch.supernet.settings import SupernetTrainSettings
-from xsearch.training.settings import TrainSettings
+from xsearch.training.settings import PretrainSettings, TrainSettings
 
 TEACHERS = ("reference", "searched", "none")
 SEARCH_MODES = ("standalone", "supernet")
@@ -90,6 +90,15 @@ class CompressSection(CompressSettings):
 
 
 @dataclass
+class PretrainSection(PretrainSettings):
+    """``PretrainSettings`` and whether the run pretrains the picked model and the reference (each with this
+    budget) before their full training."""
+
+    enabled: bool = option(False, "self-pretrain the picked model and the reference (masked-token denoising on "
+                           "the task's train inputs) before the train and reference stages")  # fmt: skip
+
+
+@dataclass
 class VerifySettings(Settings):
     """The last check: every ONNX file scored on the test split and timed, interleaved with the others."""
 
@@ -105,6 +114,7 @@ SECTIONS: dict[str, tuple[type, tuple[str, ...]]] = {
     "search": (SearchSection, SEARCH_FIXED),
     "supernet": (SupernetTrainSettings, ()),
     "pick": (PickSettings, ()),
+    "pretrain": (PretrainSection, ()),
     "train": (TrainSettings, ()),
     "compress": (CompressSection, ()),
     "export": (ExportSettings, ("check",)),  # every export is parity-checked
@@ -115,12 +125,13 @@ PIPELINE_DEFAULTS: dict[str, dict[str, Any]] = {
     "task": {"name": "listops", "options": {"n_train": 4000, "n_valid": 500, "n_test": 500, "max_len": 256}},
     "search": {"space": "tiny", "trials": 8, "train_steps": 150, "lr": 0.002},
     "supernet": {"steps": 2000, "lr": 0.002},
+    "pretrain": {"steps": 600, "lr": 0.002},
     "train": {"steps": 600, "lr": 0.002, "keep_best": True},
     "compress": {"prune_ffn": 0.5, "finetune_steps": 200, "lr": 0.001, "keep_best": True},
     "export": {"quantize": "dynamic-int8"},
 }
 HEADER = """\
-# xsearch run: search -> report -> pick -> train -> reference -> compress -> export -> quantize -> verify -> summary
+# xsearch run: search -> report -> pick -> [pretrain ->] train -> reference -> compress -> export -> quantize -> verify -> summary
 # Every stage writes into runs/<name>/NN-<stage>; re-running the same command continues after the last
 # finished stage. Give only the keys you change; the rest come from here. Budgets are in steps (seconds
 # depend on how busy the machine is): give either steps or seconds, the other null.
@@ -164,6 +175,7 @@ class PipelineConfig:
     search: SearchSection
     supernet: SupernetTrainSettings
     pick: PickSettings
+    pretrain: PretrainSection
     train: TrainSettings
     compress: CompressSection
     export: ExportSettings
@@ -279,7 +291,7 @@ def validate(data: dict[str, Any], source: str = "pipeline config") -> PipelineC
     try:
         run = from_mapping(RunSettings, top, source=where)
         sections = {}
-        for key in ("task", "supernet", "pick", "train", "compress", "export", "verify"):
+        for key in ("task", "supernet", "pick", "pretrain", "train", "compress", "export", "verify"):
             cls, exclude = SECTIONS[key]
             sections[key] = from_mapping(cls, data.get(key, {}), exclude=exclude, source=where,
                                          name=lambda f, key=key: f"{key}.{f}")  # fmt: skip

@@ -1,9 +1,11 @@
 """The stages of ``xsearch run``, each a function ``(ctx, workdir) -> dict`` built from the library's verbs.
 
-[supernet ->] search -> report -> pick -> train -> reference -> compress -> export -> quantize -> verify -> summary.
+[supernet ->] search -> report -> pick -> [pretrain ->] train -> reference -> compress -> export -> quantize
+-> verify -> summary.
 In ``search.mode: supernet`` a supernet is trained first and the search scores its trials with the supernet's
 weights; the train stage then fine-tunes the pick from its inherited weights (the reference still starts
-from new weights, with the same budget).
+from new weights, with the same budget). With ``pretrain.enabled`` the picked model and the reference are each
+self-pretrained with the same budget, and the train and reference stages fine-tune them with a new head.
 A stage reads what earlier stages left in their folders (``ctx.folder(name)``) and writes only into
 its own work folder; the runner renames that folder into place once the stage has finished.
 """
@@ -210,14 +212,64 @@ def run_pick_stage(ctx: RunContext, work: Path) -> dict[str, Any]:
     }  # fmt: skip
 
 
-# -- 4 train, 5 reference ----------------------------------------------------------------------
-def _train_fully(ctx: RunContext, work: Path, config: dict[str, Any], init=None) -> dict[str, Any]:
+# -- pretrain, train, reference ------------------------------------------------------------------
+PRETRAINED = {"picked": "model_config", "reference": "reference_config"}
+
+
+def pretrain_enabled(ctx: RunContext) -> bool:
+    return ctx.cfg.pretrain.enabled
+
+
+def _supernet_weights(ctx: RunContext, config: dict[str, Any]):
+    """The picked subnet with its weights in the supernet (supernet mode), else None."""
+    if not supernet_mode(ctx):
+        return None
+    from xsearch.supernet import extract_subnet, load_supernet
+
+    return extract_subnet(load_supernet(ctx.folder("supernet") / SUPERNET_DIR), config)
+
+
+def run_pretrain_stage(ctx: RunContext, work: Path) -> dict[str, Any]:
+    """Self-pretrain the picked model and the reference, each with the pretrain: budget (the picked one from
+    its supernet weights in supernet mode); each resumes from its last checkpoint."""
+    import torch
+
+    from xsearch.config import describe_config
+    from xsearch.model import build_model
+    from xsearch.training.pretrain import pretrain
+
+    settings = ctx.cfg.pretrain
+    pick = ctx.result("pick")
+    out: dict[str, Any] = {}
+    for name, key in PRETRAINED.items():
+        config = pick[key]
+        torch.manual_seed(settings.seed)
+        model = (_supernet_weights(ctx, config) if name == "picked" else None) or build_model(config)
+        record = pretrain(model, ctx.task, settings, out=work / name, progress=ctx.progress)
+        first, last = record["history"][0], record["history"][-1]
+        ctx.echo(
+            f"  {name} ({describe_config(config)}): {record['steps']} steps ({record['seconds']:.0f} s), "
+            f"{record['objective']} loss {first['valid_loss']:.4f} -> {last['valid_loss']:.4f} on validation"
+        )
+        out[name] = {"folder": name, "steps": record["steps"], "seconds": record["seconds"],
+                     "valid_loss_before": first["valid_loss"], "valid_loss_after": last["valid_loss"]}  # fmt: skip
+    return out
+
+
+def _pretrained(ctx: RunContext, name: str):
+    """The model the pretrain stage left for ``name`` (``picked`` or ``reference``), with a new head."""
+    from xsearch.training.pretrain import init_from_pretrained
+
+    return init_from_pretrained(ctx.folder("pretrain") / name, ctx.task, seed=ctx.cfg.train.seed)
+
+
+def _train_fully(ctx: RunContext, work: Path, config: dict[str, Any], init=None, how: str = "new") -> dict[str, Any]:
     from xsearch.config import describe_config
     from xsearch.training.recipe import train_model
 
     t = ctx.cfg.train
-    if init is not None:
-        ctx.echo("  fine-tuned from its weights in the supernet")
+    if how != "new":
+        ctx.echo(f"  fine-tuned from its {'weights in the supernet' if how == 'supernet' else 'pretraining'}")
     trained = train_model(config, ctx.task, t, progress=ctx.progress, init=init)
     ctx.echo(f"  {describe_config(config)}: {trained.parameters:,} parameters")
     ctx.save_model(trained.model, work)
@@ -227,21 +279,22 @@ def _train_fully(ctx: RunContext, work: Path, config: dict[str, Any], init=None)
     ctx.echo(f"  {budget}{kept}; test {_metric_name(ctx)} {trained.test_metric:.4f} (chance {trained.chance:.4f})")
     return {"model": "model", "test_metric": trained.test_metric, "chance": trained.chance, "steps": r.steps,
             "train_seconds": round(r.seconds, 2), "best_step": r.best_step, "parameters": trained.parameters,
-            "description": describe_config(config)}  # fmt: skip
+            "description": describe_config(config), "init": how}  # fmt: skip
 
 
 def run_train_stage(ctx: RunContext, work: Path) -> dict[str, Any]:
     config = ctx.result("pick")["model_config"]
-    init = None
-    if supernet_mode(ctx):
-        from xsearch.supernet import extract_subnet, load_supernet
-
-        init = extract_subnet(load_supernet(ctx.folder("supernet") / SUPERNET_DIR), config)
-    return {**_train_fully(ctx, work, config, init=init), "init": "supernet" if init is not None else "new"}
+    if pretrain_enabled(ctx):
+        return _train_fully(ctx, work, config, init=_pretrained(ctx, "picked"), how="pretrained")
+    init = _supernet_weights(ctx, config)
+    return _train_fully(ctx, work, config, init=init, how="supernet" if init is not None else "new")
 
 
 def run_reference_stage(ctx: RunContext, work: Path) -> dict[str, Any]:
-    return _train_fully(ctx, work, ctx.result("pick")["reference_config"])
+    config = ctx.result("pick")["reference_config"]
+    if pretrain_enabled(ctx):
+        return _train_fully(ctx, work, config, init=_pretrained(ctx, "reference"), how="pretrained")
+    return _train_fully(ctx, work, config)
 
 
 def _metric_name(ctx: RunContext) -> str:
@@ -362,8 +415,10 @@ STAGES = [
           depends=("task", "target", "threads", "batch", "search", "supernet")),
     Stage("report", run_report_stage, "report: Pareto front, plots"),
     Stage("pick", run_pick_stage, "pick under the latency budget", depends=("pick",)),
-    Stage("train", run_train_stage, "train the picked model fully", depends=("train",)),
-    Stage("reference", run_reference_stage, "train the reference Transformer fully", depends=("train",)),
+    Stage("pretrain", run_pretrain_stage, "self-pretrain the picked model and the reference (pretrain.enabled)",
+          resumes=True, depends=("pretrain",)),
+    Stage("train", run_train_stage, "train the picked model fully", depends=("train", "pretrain")),
+    Stage("reference", run_reference_stage, "train the reference Transformer fully", depends=("train", "pretrain")),
     Stage("compress", run_compress_stage, "prune and fine-tune with distillation", depends=("compress",)),
     Stage("export", run_export_stage, "export to ONNX (parity-checked)", depends=("export.portable", "export.opset")),
     Stage("quantize", run_quantize_stage, "quantize", depends=("export.quantize",)),
@@ -373,11 +428,12 @@ STAGES = [
 
 
 def stages_for(cfg: PipelineConfig) -> list[Stage]:
-    """The stages of a run: the supernet stage only in ``search.mode: supernet`` (a standalone run keeps its
-    numbering, 01-search ... 10-summary, and does not depend on the supernet: section)."""
+    """The stages of a run: the supernet stage only in ``search.mode: supernet`` and the pretrain stage only with
+    ``pretrain.enabled`` (a run without them keeps its numbering, 01-search ... 10-summary, and does not depend on
+    their sections)."""
     import dataclasses
 
-    if cfg.search.mode == "supernet":
-        return list(STAGES)
-    return [dataclasses.replace(s, depends=tuple(d for d in s.depends if d != "supernet"))
-            for s in STAGES if s.name != "supernet"]  # fmt: skip
+    left_out = {name for name, used in (("supernet", cfg.search.mode == "supernet"),
+                                        ("pretrain", cfg.pretrain.enabled)) if not used}  # fmt: skip
+    return [dataclasses.replace(s, depends=tuple(d for d in s.depends if d not in left_out))
+            for s in STAGES if s.name not in left_out]  # fmt: skip

@@ -120,6 +120,9 @@ def build_summary(ctx) -> dict[str, Any]:
         "train_steps": {
             "search_per_trial": ctx.cfg.search.train_steps if ctx.cfg.search.mode == "standalone" else 0,
             "supernet": ctx.result("supernet")["steps"] if ctx.cfg.search.mode == "supernet" else None,
+            "pretrain": {k: ctx.result("pretrain")[k]["steps"] for k in ("picked", "reference")}
+            if ctx.cfg.pretrain.enabled
+            else None,
             "searched": sources["searched"]["steps"],
             "reference": sources["reference"]["steps"],
             "finetune": ctx.cfg.compress.finetune_steps,
@@ -177,6 +180,22 @@ def timed_what(summary: dict[str, Any]) -> str:
     return f"{'a prefill of ' if mode == 'prefill' else ''}{summary['seq_len']} tokens"
 
 
+def budget_line(summary: dict[str, Any]) -> str:
+    """The run's training budgets, in steps (what a user reproduces)."""
+    t = summary.get("train_steps") or {}
+    if not t:
+        return ""
+    parts = [f"reference {t['reference']}", f"searched {t['searched']}", f"shipped's fine-tune {t['finetune']}"]
+    if t.get("supernet"):
+        parts.insert(0, f"supernet {t['supernet']}")
+    elif t.get("search_per_trial"):
+        parts.insert(0, f"search {t['search_per_trial']} per trial")
+    pre = t.get("pretrain")
+    if pre:
+        parts.append(f"self-pretraining before training: reference {pre['reference']}, searched {pre['picked']}")
+    return "Budgets in steps: " + "; ".join(parts) + "."
+
+
 def _header(summary: dict[str, Any]) -> list[str]:
     return ["model", f"test {summary['metric']}", "latency ms", "parameters", "file MB", "speedup", "smaller", "delta"]
 
@@ -224,6 +243,8 @@ def summary_markdown(summary: dict[str, Any]) -> str:
         f"{s['search']['picked_trial']}"
         + (f" under {s['search']['budget_ms']:.2f} ms" if s["search"]["budget_ms"] else "")
         + f"; Pareto front {s['search']['pareto_front']}.",  # fmt: skip
+        "",
+        budget_line(s),
         "",
         f"![Pareto front]({s['search']['pareto_png']}) (interactive: [{s['search']['pareto_html']}]"
         f"({s['search']['pareto_html']}))",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import sys
@@ -48,12 +49,35 @@ class TrainResult:
 LossFn = Callable[[nn.Module, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-def task_loss(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+def task_loss(
+    model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, labels: torch.Tensor, label_smoothing: float = 0.0
+) -> torch.Tensor:
     """Cross-entropy of ``model`` on one batch (per class, or per next token over real positions)."""
     logits = model(ids, mask)
     if logits.dim() == 3:  # lm: (B, N, V)
-        return F.cross_entropy(logits[mask], labels[mask])
-    return F.cross_entropy(logits, labels)
+        return F.cross_entropy(logits[mask], labels[mask], label_smoothing=label_smoothing)
+    return F.cross_entropy(logits, labels, label_smoothing=label_smoothing)
+
+
+class WeightAverage:
+    """An exponential moving average of a model's floating-point weights (and its buffers, copied), kept in a
+    copy of the model: ``update()`` after each optimizer step; ``module`` is what is validated and kept."""
+
+    def __init__(self, model: nn.Module, decay: float) -> None:
+        import copy
+
+        self.decay = decay
+        self.model = model
+        self.module = copy.deepcopy(model)
+        self.module.requires_grad_(False)
+        self._pairs = [(a, p) for a, p in zip(self.module.parameters(), model.parameters(), strict=True)]
+
+    @torch.no_grad()
+    def update(self) -> None:
+        avg, live = [a for a, _ in self._pairs], [p.detach() for _, p in self._pairs]
+        torch._foreach_lerp_(avg, live, 1.0 - self.decay)
+        for a, b in zip(self.module.buffers(), self.model.buffers(), strict=True):
+            a.copy_(b)
 
 
 def lr_factor(progress: float, warmup_frac: float) -> float:
@@ -82,6 +106,8 @@ def train(
     loss_fn: LossFn | None = None,
     callback: Callable[[int, dict[str, Any]], None] | None = None,
     keep_best: bool = False,
+    label_smoothing: float = 0.0,
+    ema: float = 0.0,
 ) -> TrainResult:
     """Train ``model`` on ``task``'s train split.
 
@@ -104,6 +130,9 @@ def train(
         callback: called as ``callback(step, record)`` at each validation point.
         keep_best: leave the model with the weights of its best validation point (early stopping's
             checkpoint choice: a small model trained for many steps can overfit a small train split).
+        label_smoothing: of the default loss's targets (0 = off; not applied to a ``loss_fn`` of one's own).
+        ema: decay of an exponential moving average of the weights (0 = off); when on, the averaged weights
+            are the ones validated and the ones the model ends with.
 
     Returns:
         A ``TrainResult``.
@@ -117,7 +146,10 @@ def train(
         raise XSearchError(f"steps must be > 0, got {steps}")
     if seconds is not None and seconds <= 0:
         raise XSearchError(f"seconds must be > 0, got {seconds}")
-    loss_fn = loss_fn or task_loss
+    if not 0.0 <= ema < 1.0:
+        raise XSearchError(f"ema must be in [0, 1), got {ema}")
+    if loss_fn is None:
+        loss_fn = task_loss if not label_smoothing else functools.partial(task_loss, label_smoothing=label_smoothing)
     torch.manual_seed(seed)
     decay, no_decay = [], []
     for name, p in model.named_parameters():
@@ -139,7 +171,9 @@ def train(
     show = sys.stderr.isatty() if progress is None else progress
 
     model.train()
-    best = _Best(model, keep_best, higher_is_better=task.kind != "lm")
+    average = WeightAverage(model, ema) if ema else None
+    scored = average.module if average else model  # what is validated and kept
+    best = _Best(scored, keep_best, higher_is_better=task.kind != "lm")
     batches = endless_batches(task, batch_size, seed)
     start = time.perf_counter()
     step, window, result = 0, [], TrainResult(0, 0.0, float("nan"))
@@ -164,6 +198,8 @@ def train(
             if grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
             opt.step()
+            if average:
+                average.update()
             step += 1
             window.append(loss.item())
             window = window[-50:]
@@ -178,7 +214,7 @@ def train(
             )
             if due:
                 last_eval_time = time.perf_counter()
-                rec = _record(model, task, step, window, opt, eval_batches, batch_size)
+                rec = _record(scored, task, step, window, opt, eval_batches, batch_size)
                 result.history.append(rec)
                 result.valid_metric = rec["valid"]
                 log.log(logging.INFO if show else logging.DEBUG, "step %d loss %.4f valid %.4f", step, rec["loss"],
@@ -187,10 +223,12 @@ def train(
                 if callback:
                     callback(step, rec)
     if not result.history or result.history[-1]["step"] != step:
-        rec = _record(model, task, step, window, opt, eval_batches, batch_size)
+        rec = _record(scored, task, step, window, opt, eval_batches, batch_size)
         result.history.append(rec)
         result.valid_metric = rec["valid"]
         best.offer(rec)
+    if average:
+        model.load_state_dict(average.module.state_dict())
     if keep_best and best.state is not None:
         model.load_state_dict(best.state)
         result.best_step, result.valid_metric = best.step, best.value
