@@ -118,8 +118,8 @@ def main(argv=None) -> int:
         mine = [r for r in rows if r["variant"] == name]
         mean = statistics.mean(r["test"] for r in mine)
         delta = f"{100 * (mean - base):+.1f} pts" if base is not None else "-"
-        print(f"| {name} | {mine[0]['pretrain_steps']} | {mine[0]['steps']} | {mean:.4f} | "
-              f"{' / '.join(f'{r['test']:.3f}' for r in mine)} | {delta} | "
+        per_seed = " / ".join(f"{r['test']:.3f}" for r in mine)
+        print(f"| {name} | {mine[0]['pretrain_steps']} | {mine[0]['steps']} | {mean:.4f} | {per_seed} | {delta} | "
               f"{statistics.mean(r['seconds'] for r in mine):.0f} |")  # fmt: skip
     timing = time_compile(task, cfg, 40) if args.compile else None
     if timing:

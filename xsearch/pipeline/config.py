@@ -131,7 +131,8 @@ PIPELINE_DEFAULTS: dict[str, dict[str, Any]] = {
     "export": {"quantize": "dynamic-int8"},
 }
 HEADER = """\
-# xsearch run: search -> report -> pick -> [pretrain ->] train -> reference -> compress -> export -> quantize -> verify -> summary
+# xsearch run: search -> report -> pick -> [pretrain ->] train -> reference -> compress -> export -> quantize
+# -> verify -> summary
 # Every stage writes into runs/<name>/NN-<stage>; re-running the same command continues after the last
 # finished stage. Give only the keys you change; the rest come from here. Budgets are in steps (seconds
 # depend on how busy the machine is): give either steps or seconds, the other null.
