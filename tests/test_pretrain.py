@@ -94,14 +94,14 @@ def test_init_from_another_vocabulary_or_length_is_one_line(pretrained, tmp_path
     other = ["--task", "listops", "--task-opt", "max_len=48", "--task-opt", "n_train=64", "--task-opt", "n_valid=16",
              "--task-opt", "n_test=16"]  # fmt: skip
     assert main(["train", *other, "--init", str(pretrained), "--steps", "1", "--out", str(tmp_path / "x")]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and "max_len=32" in err and "max_len=48" in err, err
+    err = capsys.readouterr().err.strip().splitlines()[-1]  # (above it, the log says which task is built)
+    assert err.startswith("xsearch: error:") and "max_len=32" in err and "max_len=48" in err, err
     text = tmp_path / "t.jsonl"
     text.write_text("".join(json.dumps({"text": f"ab {i}", "label": i % 2}) + "\n" for i in range(40)))
     assert main(["train", "--task", "text", "--task-opt", f"data={text}", "--task-opt", "max_len=32", "--init",
                  str(pretrained), "--steps", "1", "--out", str(tmp_path / "y")]) == 2  # fmt: skip
-    err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and "vocab_size" in err, err
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("xsearch: error:") and "vocab_size" in err, err
     assert main(["train", *TASK, "--init", str(pretrained), "--d-model", "64", "--steps", "1",
                  "--out", str(tmp_path / "z")]) == 2  # fmt: skip
     assert "--d-model" in capsys.readouterr().err
@@ -143,3 +143,48 @@ def test_unfinished_pretraining_is_refused_by_init(task, tmp_path):
     (out / "pretrain.json").write_text(json.dumps({**doc, "done": False}))
     with pytest.raises(XSearchError, match="did not finish"):
         init_from_pretrained(out, task)
+
+
+def test_pretraining_then_fine_tuning_beats_training_from_scratch_at_equal_fine_tuning_steps(tmp_path):
+    """A copy-check task (``abcdefgh|abcdefgh``: is the right half the left half, or has one letter changed?):
+    restoring masked letters teaches attention to the twin position, which the label needs; 400 steps from
+    scratch do not find it. Seeded, and far apart (measured: 0.93-0.99 against 0.47-0.57, chance 0.525)."""
+    import random
+
+    from xsearch.training import evaluate, train
+
+    rng = random.Random(0)
+    rows = []
+    for i in range(4000):
+        left = [rng.choice("abcdefgh") for _ in range(8)]
+        right = list(left)
+        if i % 2 == 0:
+            j = rng.randrange(8)
+            right[j] = rng.choice([c for c in "abcdefgh" if c != left[j]])
+        rows.append({"text": "".join(left) + "|" + "".join(right), "label": i % 2})
+    data = tmp_path / "twins.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    task = get_task("text", data=str(data), max_len=17)
+    cfg = {**task.model_fields(), "attention": "full", "d_model": 32, "n_layers": 2, "n_heads": 2, "d_ff": 64}
+    torch.manual_seed(0)
+    scratch = build_model(cfg)
+    train(scratch, task, steps=400, lr=3e-3, progress=False)
+    torch.manual_seed(0)
+    model = build_model(cfg)
+    pretrain(model, task, PretrainSettings(steps=1000, lr=3e-3), out=tmp_path / "p", progress=False)
+    tuned = init_from_pretrained(tmp_path / "p", task)
+    train(tuned, task, steps=400, lr=3e-3, progress=False)
+    chance, before, after = task.chance("test"), evaluate(scratch, task, "test"), evaluate(tuned, task, "test")
+    assert after > 0.85 and after > before + 0.25, (chance, before, after)
+
+
+def test_the_lm_task_is_its_own_pretraining_and_keeps_its_head(tmp_path):
+    task = get_task("lm", max_len=32)
+    model = build_model({**task.model_fields(), "attention": "local", "attention_params": {"block_size": 8},
+                         "d_model": 16, "n_layers": 1, "n_heads": 2})  # fmt: skip
+    record = pretrain(model, task, PretrainSettings(steps=6, lr=3e-3), out=tmp_path / "p", progress=False)
+    assert record["objective"] == "lm" and not (tmp_path / "p" / "denoiser.safetensors").exists()
+    assert record["history"][-1]["valid_loss"] < record["history"][0]["valid_loss"]
+    tuned = init_from_pretrained(tmp_path / "p", task, seed=5)
+    for name, tensor in xsearch.load_model(tmp_path / "p").state_dict().items():
+        torch.testing.assert_close(tuned.state_dict()[name], tensor, atol=0, rtol=0)  # the head too

@@ -32,6 +32,9 @@ _LAZY = {
     "TrainResult": "xsearch.training",
     "TrainSettings": "xsearch.training",
     "train_model": "xsearch.training",
+    "pretrain": "xsearch.training",
+    "PretrainSettings": "xsearch.training",
+    "init_from_pretrained": "xsearch.training",
 }
 _SUBMODULES = ("tasks", "attention", "compress", "export", "search_spaces", "latency", "search", "pipeline")
 
@@ -59,10 +62,13 @@ if TYPE_CHECKING:  # pragma: no cover
     from xsearch.model import build_model, count_parameters  # noqa: F401
     from xsearch.serialization import load_config, load_model, save_model  # noqa: F401
     from xsearch.training import (  # noqa: F401
+        PretrainSettings,
         TrainingDiverged,
         TrainResult,
         TrainSettings,
         evaluate,
+        init_from_pretrained,
+        pretrain,
         train,
         train_model,
     )

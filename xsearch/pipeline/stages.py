@@ -279,7 +279,8 @@ def _train_fully(ctx: RunContext, work: Path, config: dict[str, Any], init=None,
     ctx.echo(f"  {budget}{kept}; test {_metric_name(ctx)} {trained.test_metric:.4f} (chance {trained.chance:.4f})")
     return {"model": "model", "test_metric": trained.test_metric, "chance": trained.chance, "steps": r.steps,
             "train_seconds": round(r.seconds, 2), "best_step": r.best_step, "parameters": trained.parameters,
-            "description": describe_config(config), "init": how}  # fmt: skip
+            "description": describe_config(config), "init": how,
+            "history": [{"step": h["step"], "valid": h["valid"]} for h in r.history]}  # fmt: skip
 
 
 def run_train_stage(ctx: RunContext, work: Path) -> dict[str, Any]:

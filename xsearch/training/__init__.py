@@ -1,6 +1,7 @@
 """Training and evaluation: the loop (AdamW, warmup + cosine decay, clipping, validation, progress),
-``TrainSettings`` (every option of a training run, defined once) and ``train_model`` (build, train,
-score: what ``xsearch train`` and the pipeline's train stages run).
+``TrainSettings`` (every option of a training run, defined once), ``train_model`` (build, train,
+score: what ``xsearch train`` and the pipeline's train stages run), and self-pretraining (``pretrain``,
+``PretrainSettings``, ``init_from_pretrained``: what ``xsearch pretrain`` and ``train --init`` run).
 
 ``import xsearch.training`` is light; torch is imported when a name that needs it is used.
 """
@@ -12,7 +13,8 @@ from xsearch._lazy import by_module, lazy_names
 _LAZY = by_module(
     {
         "xsearch.training.loop": "train evaluate evaluate_onnx score_logits task_loss TrainResult TrainingDiverged",
-        "xsearch.training.settings": "TrainSettings",
+        "xsearch.training.settings": "TrainSettings PretrainSettings",
+        "xsearch.training.pretrain": "pretrain init_from_pretrained",
         "xsearch.training.recipe": "train_model TrainedModel",
     }
 )

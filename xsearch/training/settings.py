@@ -26,6 +26,7 @@ class TrainSettings(Settings):
     grad_clip: float = option(1.0, "largest gradient norm (0: no clipping)", ge=0)
     seed: int = option(0, "seeds the initial weights, the batch order and dropout")
     keep_best: bool = option(False, "end with the weights of the best validation point (a small model can overfit)")
+    eval_every: int | None = option(None, "validate every this many steps (default: 4 times a run)", gt=0)
     label_smoothing: float = option(0.0, "smoothing of the targets of the loss (0: off)", ge=0, lt=1)
     ema: float = option(0.0, "decay of a moving average of the weights, validated and kept (0: off; e.g. 0.99)",
                         ge=0, lt=1)  # fmt: skip
@@ -40,8 +41,8 @@ class TrainSettings(Settings):
         """The keyword arguments of ``xsearch.train`` (everything but the seed of the initial weights)."""
         return {"steps": self.steps, "seconds": self.seconds, "batch_size": self.batch_size, "lr": self.lr,
                 "warmup": self.warmup, "weight_decay": self.weight_decay, "grad_clip": self.grad_clip,
-                "seed": self.seed, "keep_best": self.keep_best, "label_smoothing": self.label_smoothing,
-                "ema": self.ema}  # fmt: skip
+                "seed": self.seed, "keep_best": self.keep_best, "eval_every": self.eval_every,
+                "label_smoothing": self.label_smoothing, "ema": self.ema}  # fmt: skip
 
 
 @dataclass
