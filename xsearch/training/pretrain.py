@@ -122,17 +122,17 @@ def _checkpoint_tensors(model, head, opt) -> dict[str, torch.Tensor]:
 
 
 def _save(model, head, opt, out: Path, state: dict[str, Any], task) -> None:
-    """The checkpoint (one file, renamed into place), then the model folder and the records for people."""
+    """The model folder (so that the folder is ours from the first checkpoint on), the checkpoint (one file,
+    renamed into place: what a resumed run reads), then the denoising head and the record for people."""
     import safetensors.torch
 
     from xsearch.serialization import atomic_write_text, save_model
 
-    out.mkdir(parents=True, exist_ok=True)
+    save_model(model, out, task=task.describe())
     tmp = out / f".{CHECKPOINT_FILE}.tmp-{os.getpid()}"
     safetensors.torch.save_file(_checkpoint_tensors(model, head, opt), str(tmp),
                                 metadata={"state": json.dumps(state, sort_keys=True)})  # fmt: skip
     os.replace(tmp, out / CHECKPOINT_FILE)
-    save_model(model, out, task=task.describe())
     if head is not None:
         tmp = out / f".{DENOISER_FILE}.tmp-{os.getpid()}"
         safetensors.torch.save_model(head, str(tmp))
