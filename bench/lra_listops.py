@@ -121,9 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     summary = run_pipeline(cfg, progress=sys.stdout.isatty())
     pipeline_seconds, pipeline_cpu = time.perf_counter() - start, cpu_seconds() - cpu
 
-    from xsearch.pipeline.stages import RunContext
     from xsearch.pipeline.runner import RunFolder
-    from xsearch.pipeline.stages import stages_for
+    from xsearch.pipeline.stages import RunContext, stages_for
 
     ctx = RunContext(cfg, RunFolder(cfg.run_dir, stages_for(cfg)), progress=False)
     task, pick = ctx.task, ctx.result("pick")
@@ -157,10 +156,13 @@ def main(argv: list[str] | None = None) -> int:
     lines.append(f"| majority class | - | {chance:.4f} | - | - | - | - |")
     shipped = m["shipped"]
     met = shipped["test_metric"] >= 0.373 and ref_ms / shipped["latency_ms"] >= 3.0 and pipeline_seconds <= 7200
-    lines += ["", f"Pipeline: {pipeline_seconds / 60:.1f} min wall, {pipeline_cpu / 60:.1f} min CPU; from-scratch "
-              f"models: {sum(s['seconds'] for s in scratch.values()) / 60:.1f} min wall, "
-              f"{sum(s['cpu_seconds'] for s in scratch.values()) / 60:.1f} min CPU.",
-              f"Target (>= 0.373, >= 3x faster than the reference, <= 2 h): {'met' if met else 'NOT met'}."]  # fmt: skip
+    lines += [
+        "",
+        f"Pipeline: {pipeline_seconds / 60:.1f} min wall, {pipeline_cpu / 60:.1f} min CPU; from-scratch "
+        f"models: {sum(s['seconds'] for s in scratch.values()) / 60:.1f} min wall, "
+        f"{sum(s['cpu_seconds'] for s in scratch.values()) / 60:.1f} min CPU.",
+        f"Target (>= 0.373, >= 3x faster than the reference, <= 2 h): {'met' if met else 'NOT met'}.",
+    ]
     curves = {"reference, pretrained": stages["reference"]["history"],
               "reference, from scratch": scratch["reference"]["history"],
               "searched, pretrained": stages["train"]["history"],
