@@ -121,7 +121,14 @@ def main(argv=None) -> int:
         per_seed = " / ".join(f"{r['test']:.3f}" for r in mine)
         print(f"| {name} | {mine[0]['pretrain_steps']} | {mine[0]['steps']} | {mean:.4f} | {per_seed} | {delta} | "
               f"{statistics.mean(r['seconds'] for r in mine):.0f} |")  # fmt: skip
-    timing = time_compile(task, cfg, 40) if args.compile else None
+    timing = None
+    if args.compile:
+        try:
+            timing = time_compile(task, cfg, 40)
+        except Exception as e:  # torch.compile's failures are many types; say which and go on
+            lines = str(e).strip().splitlines() or [""]
+            why = next((ln for ln in lines if ln.startswith(("RuntimeError", "TypeError"))), lines[0])
+            print(f"\ntorch.compile failed to train the model: {type(e).__name__}: {why}")
     if timing:
         print(
             f"\ntorch.compile: {timing['compile']['per_step_s']:.3f} s per step against eager "

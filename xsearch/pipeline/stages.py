@@ -244,7 +244,9 @@ def run_pretrain_stage(ctx: RunContext, work: Path) -> dict[str, Any]:
     for name, key in PRETRAINED.items():
         config = pick[key]
         torch.manual_seed(settings.seed)
-        model = (_supernet_weights(ctx, config) if name == "picked" else None) or build_model(config)
+        model = _supernet_weights(ctx, config) if name == "picked" else None
+        if model is None:
+            model = build_model(config)
         record = pretrain(model, ctx.task, settings, out=work / name, progress=ctx.progress)
         first, last = record["history"][0], record["history"][-1]
         ctx.echo(
