@@ -121,3 +121,45 @@ def test_label_smoothing_is_cross_entropy_against_smoothed_targets(task):
     want = torch.nn.functional.cross_entropy(logits, labels, label_smoothing=0.2)
     torch.testing.assert_close(task_loss(model, ids, mask, labels, label_smoothing=0.2), want)
     assert not torch.allclose(want, task_loss(model, ids, mask, labels))
+
+
+def test_step_loop_resumed_midway_takes_the_same_steps():
+    """A loop started at a checkpoint's step (its optimizer state and loss window restored) continues the same
+    schedule and ends with the weights of an uninterrupted one; a NaN loss stops it with the run's name."""
+    from xsearch.training.steps import StepLoop, TrainingDiverged, adamw, lr_factor
+
+    def run(start_at=None, stop_at=None):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 3)
+        opt, params = adamw(model.named_parameters(), lr=0.1, weight_decay=0.01)
+        assert [len(g["params"]) for g in opt.param_groups] == [1, 1]  # no decay on the bias
+        x, y = torch.randn(16, 4), torch.randint(0, 3, (16,))
+        if start_at is not None:
+            model.load_state_dict(start_at["model"])
+            opt.load_state_dict(start_at["opt"])
+        first = start_at["step"] if start_at else 0
+        loop = StepLoop(opt, params, lr=0.1, warmup=0.2, grad_clip=0.5, steps=10, progress=False, step=first,
+                        window=start_at["window"] if start_at else None)  # fmt: skip
+        lrs = []
+        with loop:
+            for step in loop:
+                lrs.append((step, opt.param_groups[0]["lr"]))
+                loop.update(torch.nn.functional.cross_entropy(model(x), y))
+                if stop_at is not None and loop.step == stop_at:
+                    return {"model": model.state_dict(), "opt": opt.state_dict(), "step": loop.step,
+                            "window": loop.window}  # fmt: skip
+        return model, lrs, loop
+
+    whole, lrs, loop = run()
+    assert [s for s, _ in lrs] == list(range(10)) and loop.step == 10 and len(loop.window) == 10
+    assert all(lr == pytest.approx(0.1 * lr_factor(s / 10, 0.2)) for s, lr in lrs)
+    resumed, rest, again = run(start_at=run(stop_at=4))
+    assert [s for s, _ in rest] == list(range(4, 10)) and again.window == loop.window
+    torch.testing.assert_close(resumed.state_dict(), whole.state_dict())
+
+    model = torch.nn.Linear(2, 2)
+    opt, params = adamw(model.named_parameters(), lr=0.1, weight_decay=0.0)
+    nan_loop = StepLoop(opt, params, lr=0.1, warmup=0.0, grad_clip=0.0, steps=3, label="pretraining")
+    with pytest.raises(TrainingDiverged, match="pretraining diverged.*at step 0"), nan_loop:
+        for _ in nan_loop:
+            nan_loop.update(model(torch.ones(1, 2)).sum() * float("nan"))

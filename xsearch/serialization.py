@@ -29,6 +29,33 @@ def atomic_write_text(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def write_checkpoint(path: Path, tensors: dict[str, Any], state: dict[str, Any]) -> None:
+    """One safetensors file holding ``tensors`` and, in its metadata, the JSON of ``state``; written under a
+    temporary name and renamed, so a kill at any moment leaves the previous whole checkpoint."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tensors = {k: v.detach().clone().contiguous() for k, v in tensors.items()}  # (clones: tied weights share)
+    safetensors.torch.save_file(tensors, str(tmp), metadata={"state": json.dumps(state, sort_keys=True)})
+    os.replace(tmp, path)
+
+
+def read_checkpoint(path: Path, what: str) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """``(state, tensors)`` of a ``write_checkpoint`` file, or None when there is none.
+
+    Raises:
+        XSearchError: the file cannot be read (its path and ``what`` it is named, with how to start over).
+    """
+    import safetensors
+
+    if not path.is_file():
+        return None
+    try:
+        with safetensors.safe_open(str(path), framework="pt") as f:
+            state = json.loads(f.metadata()["state"])
+        return state, safetensors.torch.load_file(str(path))
+    except Exception as e:  # safetensors raises several types for a corrupt file
+        raise XSearchError(f"cannot read the {what} {path}: {e}; remove it to start over") from None
+
+
 def check_output_dir(path: Path, what: str = "output folder") -> Path:
     """Check, before any work, that ``path`` can become an output folder: it is not a file, and it is new,
     empty, or a folder xsearch wrote (it holds a ``config.json`` of ours), which is then replaced.

@@ -8,7 +8,6 @@ import math
 import sys
 import time
 from collections.abc import Callable
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,12 +16,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from xsearch.errors import XSearchError
+from xsearch.training.steps import StepLoop, TrainingDiverged, adamw, lr_factor, progress_bar  # noqa: F401 (names of this module)
 
 log = logging.getLogger("xsearch.train")
-
-
-class TrainingDiverged(XSearchError, RuntimeError):
-    """The loss became NaN or infinite (a learning rate too high for the model, most often)."""
 
 
 @dataclass
@@ -78,14 +74,6 @@ class WeightAverage:
         torch._foreach_lerp_(avg, live, 1.0 - self.decay)
         for a, b in zip(self.module.buffers(), self.model.buffers(), strict=True):
             a.copy_(b)
-
-
-def lr_factor(progress: float, warmup_frac: float) -> float:
-    """The learning rate's multiplier at ``progress`` (0..1) of the budget: linear warmup, then cosine to 0.1."""
-    if progress < warmup_frac:
-        return max(progress / warmup_frac, 1e-3)
-    rest = (progress - warmup_frac) / max(1.0 - warmup_frac, 1e-9)
-    return 0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * min(rest, 1.0)))
 
 
 def train(
@@ -151,15 +139,9 @@ def train(
     if loss_fn is None:
         loss_fn = task_loss if not label_smoothing else functools.partial(task_loss, label_smoothing=label_smoothing)
     torch.manual_seed(seed)
-    decay, no_decay = [], []
-    for name, p in model.named_parameters():
-        if p.requires_grad:
-            (no_decay if p.dim() < 2 or name.endswith(".bias") else decay).append(p)
-    if not decay and not no_decay:
+    opt, params = adamw(model.named_parameters(), lr=lr, weight_decay=weight_decay)
+    if not params:
         raise XSearchError("the model has no trainable parameters")
-    opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}], lr=lr
-    )
     if warmup is None:
         warmup_frac = 0.1
     elif isinstance(warmup, float):
@@ -175,46 +157,23 @@ def train(
     scored = average.module if average else model  # what is validated and kept
     best = _Best(scored, keep_best, higher_is_better=task.kind != "lm")
     batches = endless_batches(task, batch_size, seed)
-    start = time.perf_counter()
-    step, window, result = 0, [], TrainResult(0, 0.0, float("nan"))
-    last_eval_time = start
-    bar = progress_bar(show, steps, seconds)
-    with bar or nullcontext():
-        job = bar.add_task("training", total=steps or seconds) if bar else None
-        while True:
-            elapsed = time.perf_counter() - start
-            frac = step / steps if steps is not None else elapsed / seconds
-            if (steps is not None and step >= steps) or (seconds is not None and elapsed >= seconds):
-                break
-            for group in opt.param_groups:
-                group["lr"] = lr * lr_factor(frac, warmup_frac)
+    result = TrainResult(0, 0.0, float("nan"))
+    loop = StepLoop(opt, params, lr=lr, warmup=warmup_frac, grad_clip=grad_clip, steps=steps, seconds=seconds,
+                    label="training", progress=show)  # fmt: skip
+    last_eval_time = loop.start
+    with loop:
+        for step in loop:
             ids, mask, labels = next(batches)
-            loss = loss_fn(model, ids, mask, labels)
-            if not torch.isfinite(loss):
-                raise TrainingDiverged(f"training diverged: the loss became {loss.item()} at step {step} (lr "
-                                       f"{opt.param_groups[0]['lr']:.2e}); lower the learning rate")  # fmt: skip
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            if grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-            opt.step()
+            loop.update(loss_fn(model, ids, mask, labels))
             if average:
                 average.update()
-            step += 1
-            window.append(loss.item())
-            window = window[-50:]
-            if bar:
-                bar.update(
-                    job,
-                    completed=step if steps else min(time.perf_counter() - start, seconds),
-                    description=f"training loss {sum(window) / len(window):.3f}",
-                )
+            step = loop.step
             due = (eval_every and step % eval_every == 0) or (
                 eval_every is None and time.perf_counter() - last_eval_time > max(seconds / 4, 1.0)
             )
             if due:
                 last_eval_time = time.perf_counter()
-                rec = _record(scored, task, step, window, opt, eval_batches, batch_size)
+                rec = _record(scored, task, step, loop.window, opt, eval_batches, batch_size)
                 result.history.append(rec)
                 result.valid_metric = rec["valid"]
                 log.log(logging.INFO if show else logging.DEBUG, "step %d loss %.4f valid %.4f", step, rec["loss"],
@@ -222,6 +181,7 @@ def train(
                 best.offer(rec)
                 if callback:
                     callback(step, rec)
+    step, window = loop.step, loop.window
     if not result.history or result.history[-1]["step"] != step:
         rec = _record(scored, task, step, window, opt, eval_batches, batch_size)
         result.history.append(rec)
@@ -234,7 +194,7 @@ def train(
         result.best_step, result.valid_metric = best.step, best.value
     model.eval()
     result.steps = step
-    result.seconds = time.perf_counter() - start
+    result.seconds = loop.elapsed
     result.final_loss = sum(window) / len(window) if window else float("nan")
     return result
 
@@ -274,21 +234,6 @@ def endless_batches(task, batch_size: int, seed: int):
         if not got:
             raise XSearchError("the train split is empty")
         epoch += 1
-
-
-def progress_bar(show: bool, steps, seconds):
-    """A transient rich progress bar counting steps (or seconds), or None when not ``show``."""
-    if not show:
-        return None
-    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
-
-    return Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        TextColumn("{task.completed:.0f}/{task.total:.0f}" + (" steps" if steps else " s")),
-        TimeRemainingColumn(),
-        transient=True,
-    )
 
 
 @torch.no_grad()

@@ -20,9 +20,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import sys
-import time
-from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -72,14 +69,16 @@ def corrupt(
     return inputs, torch.where(chosen, ids, torch.full_like(ids, IGNORE))
 
 
-def denoising_loss(model, head: DenoisingHead, ids, mask, fraction: float, generator) -> tuple[torch.Tensor, float]:
-    """Cross-entropy of restoring the corrupted tokens of one batch, and the share restored exactly."""
+def denoising_loss(model, head: DenoisingHead, ids, mask, fraction: float, generator, *, restored: bool = False):
+    """Cross-entropy of restoring the corrupted tokens of one batch; with ``restored``, ``(loss, the share of
+    them restored exactly)`` (validation's figure: the training steps do not pay for it)."""
     inputs, targets = corrupt(ids, mask, fraction, model.config.vocab_size, generator)
     logits = head(model.hidden_states(inputs, mask))
     chosen = targets != IGNORE
     loss = F.cross_entropy(logits[chosen], targets[chosen])
-    accuracy = float((logits[chosen].argmax(-1) == targets[chosen]).float().mean())
-    return loss, accuracy
+    if not restored:
+        return loss
+    return loss, float((logits[chosen].argmax(-1) == targets[chosen]).float().mean())
 
 
 def objective(task) -> str:
@@ -100,7 +99,7 @@ def validation_loss(model, head: DenoisingHead | None, task, settings: PretrainS
         if head is None:
             losses.append(float(task_loss(model, ids, mask, labels)))
         else:
-            loss, acc = denoising_loss(model, head, ids, mask, settings.mask_fraction, g)
+            loss, acc = denoising_loss(model, head, ids, mask, settings.mask_fraction, g, restored=True)
             losses.append(float(loss))
             accs.append(acc)
     model.train(was)
@@ -113,12 +112,17 @@ def validation_loss(model, head: DenoisingHead | None, task, settings: PretrainS
 
 
 def _checkpoint_tensors(model, head, opt) -> dict[str, torch.Tensor]:
-    tensors = {f"model/{k}": v.detach().clone().contiguous() for k, v in model.state_dict().items()}
+    tensors = dict(prefixed("model", model.state_dict()))
     if head is not None:
-        tensors |= {f"head/{k}": v.detach().clone().contiguous() for k, v in head.state_dict().items()}
+        tensors |= dict(prefixed("head", head.state_dict()))
     for i, st in opt.state_dict()["state"].items():
-        tensors |= {f"opt/{i}/{field}": v.detach().clone().contiguous() for field, v in st.items()}
+        tensors |= {f"opt/{i}/{field}": v for field, v in st.items()}
     return tensors
+
+
+def prefixed(prefix: str, tensors: dict[str, torch.Tensor]):
+    """``(prefix/name, tensor)`` pairs: one checkpoint file holds several modules' tensors."""
+    return ((f"{prefix}/{k}", v) for k, v in tensors.items())
 
 
 def _save(model, head, opt, out: Path, state: dict[str, Any], task) -> None:
@@ -126,33 +130,15 @@ def _save(model, head, opt, out: Path, state: dict[str, Any], task) -> None:
     renamed into place: what a resumed run reads), then the denoising head and the record for people."""
     import safetensors.torch
 
-    from xsearch.serialization import atomic_write_text, save_model
+    from xsearch.serialization import atomic_write_text, save_model, write_checkpoint
 
     save_model(model, out, task=task.describe())
-    tmp = out / f".{CHECKPOINT_FILE}.tmp-{os.getpid()}"
-    safetensors.torch.save_file(_checkpoint_tensors(model, head, opt), str(tmp),
-                                metadata={"state": json.dumps(state, sort_keys=True)})  # fmt: skip
-    os.replace(tmp, out / CHECKPOINT_FILE)
+    write_checkpoint(out / CHECKPOINT_FILE, _checkpoint_tensors(model, head, opt), state)
     if head is not None:
         tmp = out / f".{DENOISER_FILE}.tmp-{os.getpid()}"
         safetensors.torch.save_model(head, str(tmp))
         os.replace(tmp, out / DENOISER_FILE)
     atomic_write_text(out / PRETRAIN_FILE, json.dumps(state, indent=2, sort_keys=True))
-
-
-def _read(out: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]] | None:
-    import safetensors
-    import safetensors.torch
-
-    path = out / CHECKPOINT_FILE
-    if not path.is_file():
-        return None
-    try:
-        with safetensors.safe_open(str(path), framework="pt") as f:
-            state = json.loads(f.metadata()["state"])
-        return state, safetensors.torch.load_file(str(path))
-    except Exception as e:  # safetensors raises several types for a corrupt file
-        raise XSearchError(f"cannot read the pretraining checkpoint {path}: {e}; remove it to start over") from None
 
 
 def _restore(model, head, opt, tensors: dict[str, torch.Tensor]) -> None:
@@ -184,24 +170,20 @@ def pretrain(model, task, settings: PretrainSettings, *, out: str | os.PathLike 
         XSearchError: ``out`` holds a pretraining of another model or other settings.
         TrainingDiverged: the loss became NaN or infinite.
     """
-    from xsearch.training.loop import TrainingDiverged, endless_batches, lr_factor, progress_bar, task_loss
+    from xsearch.serialization import read_checkpoint
+    from xsearch.training.loop import endless_batches, task_loss
+    from xsearch.training.steps import StepLoop, adamw
 
     out = Path(out) if out is not None else None
     kind = objective(task)
     torch.manual_seed(settings.seed)
     head = DenoisingHead(model.config.d_model, model.config.vocab_size) if kind == "denoise" else None
-    modules = [model] + ([head] if head is not None else [])
-    decay, no_decay = [], []
-    for m in modules:
-        for name, p in m.named_parameters():
-            if p.requires_grad:
-                (no_decay if p.dim() < 2 or name.endswith(".bias") else decay).append(p)
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": settings.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=settings.lr)  # fmt: skip
+    named = [*model.named_parameters(), *(head.named_parameters() if head is not None else ())]
+    opt, params = adamw(named, lr=settings.lr, weight_decay=settings.weight_decay)
     recipe, config = settings.to_dict(), model.config.to_dict()
     eval_every = max(settings.steps // 4, 1) if settings.steps else None
     step, elapsed_before, window, history = 0, 0.0, [], []
-    found = _read(out) if out is not None else None
+    found = read_checkpoint(out / CHECKPOINT_FILE, "pretraining checkpoint") if out is not None else None
     if found is not None:
         state, tensors = found
         if state.get("config") != config or state.get("settings") != recipe or state.get("task") != task.describe():
@@ -216,58 +198,36 @@ def pretrain(model, task, settings: PretrainSettings, *, out: str | os.PathLike 
     batches = endless_batches(task, settings.batch_size, settings.seed)
     for _ in range(step):  # the batches of the steps before the checkpoint
         next(batches)
-    show = sys.stderr.isatty() if progress is None else progress
-    bar = progress_bar(show, settings.steps, settings.seconds)
-    start = time.perf_counter() - elapsed_before
+    loop = StepLoop(opt, params, lr=settings.lr, warmup=settings.warmup, grad_clip=settings.grad_clip,
+                    steps=settings.steps, seconds=settings.seconds, label="pretraining", progress=progress,
+                    step=step, seconds_before=elapsed_before, window=window)  # fmt: skip
 
     def state_now(done: bool) -> dict[str, Any]:
         return {"format": FORMAT, "objective": kind, "settings": recipe, "config": config, "task": task.describe(),
-                "steps": step, "seconds": round(time.perf_counter() - start, 2), "loss_window": window,
+                "steps": loop.step, "seconds": round(loop.elapsed, 2), "loss_window": loop.window,
                 "history": history, "done": done}  # fmt: skip
 
     model.train()
-    with bar or nullcontext():
-        job = bar.add_task("pretraining", total=settings.steps or settings.seconds) if bar else None
-        while True:
-            elapsed = time.perf_counter() - start
-            if (settings.steps is not None and step >= settings.steps) or (
-                settings.seconds is not None and elapsed >= settings.seconds
-            ):
-                break
-            frac = step / settings.steps if settings.steps else elapsed / settings.seconds
-            for group in opt.param_groups:
-                group["lr"] = settings.lr * lr_factor(frac, settings.warmup)
+    with loop:
+        for step in loop:
             ids, mask, labels = next(batches)
             torch.manual_seed(settings.seed * 1_000_003 + step)  # dropout
             if head is None:
                 loss = task_loss(model, ids, mask, labels)
             else:
                 g = torch.Generator().manual_seed(settings.seed * 1_000_003 + step)
-                loss, _ = denoising_loss(model, head, ids, mask, settings.mask_fraction, g)
-            if not torch.isfinite(loss):
-                raise TrainingDiverged(f"pretraining diverged: the loss became {loss.item()} at step {step}; lower "
-                                       "the learning rate")  # fmt: skip
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            if settings.grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_([p for m in modules for p in m.parameters()], settings.grad_clip)
-            opt.step()
-            step += 1
-            window = [*window, loss.item()][-50:]
-            if bar:
-                done = step if settings.steps else min(time.perf_counter() - start, settings.seconds)
-                bar.update(job, completed=done, description=f"pretraining loss {sum(window) / len(window):.3f}")
+                loss = denoising_loss(model, head, ids, mask, settings.mask_fraction, g)
+            loop.update(loss)
+            step = loop.step
             if eval_every and step % eval_every == 0 and step != settings.steps:
-                history.append({"step": step, "loss": sum(window) / len(window),
-                                **validation_loss(model, head, task, settings)})  # fmt: skip
+                history.append({"step": step, "loss": loop.mean_loss, **validation_loss(model, head, task, settings)})
             if out is not None and step % settings.checkpoint_every == 0 and step != settings.steps:
                 _save(model, head, opt, out, state_now(False), task)
-    if not history or history[-1]["step"] != step:
-        history.append({"step": step, "loss": sum(window) / len(window) if window else float("nan"),
-                        **validation_loss(model, head, task, settings)})  # fmt: skip
+    if not history or history[-1]["step"] != loop.step:
+        history.append({"step": loop.step, "loss": loop.mean_loss, **validation_loss(model, head, task, settings)})
     model.eval()
     record = state_now(True)
-    record["final_loss"] = sum(window) / len(window) if window else float("nan")
+    record["final_loss"] = loop.mean_loss
     if out is not None:
         _save(model, head, opt, out, record, task)
     return record
