@@ -35,7 +35,7 @@ import torch
 import xsearch
 from xsearch.latency import measure
 from xsearch.search import SearchSettings, is_feasible, run_search, trial_latency_ms, trial_metric
-from xsearch.search_spaces import load_space
+from xsearch.search_spaces import load_space_for_task
 from xsearch.settings import parse_assignments
 from xsearch.tasks import get_task
 
@@ -86,7 +86,7 @@ def main() -> int:
     torch.set_num_threads(args.train_threads)
     task_options = TASK_OPTIONS | parse_assignments(args.task_opt, "--task-opt")
     task = get_task("listops", **task_options)
-    space = load_space(args.space, max_len=task.max_len)
+    space = load_space_for_task(args.space, task)
     torch.manual_seed(0)
     ref = xsearch.build_model(space.reference_config(task.model_fields()))
     ref_ms = measure(ref, args.target, seq_len=task.max_len, threads=THREADS, repeats=20).median_ms

@@ -5,7 +5,8 @@
    the pick and the reference (each ``--pretrain-steps``), fine-tune them (``--train-steps``), compress, export,
    int8, verify through onnxruntime.
 2. The same two architectures trained from new weights with the same ``--train-steps``, exported and scored
-   through onnxruntime: the "without pretraining" cells.
+   through onnxruntime: the "without pretraining" cells; and the searched one mean-pooled (ListOps' models read
+   the first token, its outermost operator, by default): the "before" of that change.
 3. A table (test accuracy through onnxruntime beside the majority class, latency from the run's verify stage,
    steps, CPU seconds) and ``curves.png``: validation accuracy against training steps of the four models.
 
@@ -45,6 +46,21 @@ def from_scratch(cfg, task, config: dict, work: Path, name: str) -> dict:
     return {"test": test, "steps": trained.result.steps, "seconds": time.perf_counter() - start,
             "cpu_seconds": cpu_seconds() - cpu,
             "history": [{"step": h["step"], "valid": h["valid"]} for h in trained.result.history]}  # fmt: skip
+
+
+def first_token_baseline(task) -> float:
+    """Test accuracy of answering, for each first token (ListOps: the outermost operator), the most frequent
+    label it has on the train split: what a model that learns nothing but that token scores."""
+    from collections import Counter, defaultdict
+
+    seqs, labels = task.data["train"]
+    by_first: dict[int, Counter] = defaultdict(Counter)
+    for seq, label in zip(seqs, labels):
+        by_first[int(seq[0])][int(label)] += 1
+    overall = Counter(int(y) for y in labels).most_common(1)[0][0]
+    answer = {first: counts.most_common(1)[0][0] for first, counts in by_first.items()}
+    seqs, labels = task.data["test"]
+    return sum(answer.get(int(seq[0]), overall) == int(y) for seq, y in zip(seqs, labels)) / len(labels)
 
 
 def plot_curves(curves: dict[str, list[dict]], chance: float, path: Path) -> None:
@@ -130,6 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     scratch = {name: from_scratch(cfg, task, pick[key], work, name)
                for name, key in (("searched", "model_config"), ("reference", "reference_config"))}  # fmt: skip
+    # before first-token pooling: the same searched architecture, mean-pooled, the same steps
+    mean_pooled = from_scratch(cfg, task, {**pick["model_config"], "pooling": "mean"}, work, "searched-mean")
     chance, m = summary["chance"], summary["models"]
     stages = {name: ctx.result(name) for name in ("pretrain", "train", "reference")}
     rows = [
@@ -141,6 +159,8 @@ def main(argv: list[str] | None = None) -> int:
          stages["pretrain"]["picked"]["steps"], stages["train"]["steps"]),
         ("searched, from scratch (fp32)", scratch["searched"]["test"], m["searched"]["latency_ms"], 0,
          scratch["searched"]["steps"]),
+        ("searched, from scratch, mean pooling (fp32)", mean_pooled["test"], m["searched"]["latency_ms"], 0,
+         mean_pooled["steps"]),
         ("shipped (pretrained, pruned, int8)", m["shipped"]["test_metric"], m["shipped"]["latency_ms"],
          stages["pretrain"]["picked"]["steps"], stages["train"]["steps"]),
     ]  # fmt: skip
@@ -152,21 +172,28 @@ def main(argv: list[str] | None = None) -> int:
              "|---|---|---|---|---|---|---|"]  # fmt: skip
     for label, acc, ms, pre, steps in rows:
         arch = m["reference" if label.startswith("reference") else "searched"]["description"]
+        if "mean pooling" in label:
+            arch = arch.replace(" pool=first", "")  # (describe_config names a pooling other than the mean)
         lines.append(f"| {label} | {arch} | {acc:.4f} | {ms:.2f} | {ref_ms / ms:.2f}x | {pre} | {steps} |")
     lines.append(f"| majority class | - | {chance:.4f} | - | - | - | - |")
+    lines.append(
+        f"| majority answer of the first token (no model) | - | {first_token_baseline(task):.4f} | - | - | - | - |"
+    )
     shipped = m["shipped"]
     met = shipped["test_metric"] >= 0.373 and ref_ms / shipped["latency_ms"] >= 3.0 and pipeline_seconds <= 7200
     lines += [
         "",
         f"Pipeline: {pipeline_seconds / 60:.1f} min wall, {pipeline_cpu / 60:.1f} min CPU; from-scratch "
         f"models: {sum(s['seconds'] for s in scratch.values()) / 60:.1f} min wall, "
-        f"{sum(s['cpu_seconds'] for s in scratch.values()) / 60:.1f} min CPU.",
+        f"{sum(s['cpu_seconds'] for s in scratch.values()) / 60:.1f} min CPU. Pooling: "
+        f"{pick['model_config'].get('pooling', 'mean')} (the task's default) unless the row says mean.",
         f"Target (>= 0.373, >= 3x faster than the reference, <= 2 h): {'met' if met else 'NOT met'}.",
     ]
     curves = {"reference, pretrained": stages["reference"]["history"],
               "reference, from scratch": scratch["reference"]["history"],
               "searched, pretrained": stages["train"]["history"],
-              "searched, from scratch": scratch["searched"]["history"]}  # fmt: skip
+              "searched, from scratch": scratch["searched"]["history"],
+              "searched, from scratch, mean pooling": mean_pooled["history"]}  # fmt: skip
     plot_curves(curves, task.chance("valid"), cfg.run_dir / "curves.png")
     lines.append(f"Curves: {cfg.run_dir / 'curves.png'}")
     text = "\n".join(lines)

@@ -3,7 +3,8 @@
 The model is the reference Transformer of ``--space`` (the pipeline's reference), the task ListOps with the
 pipeline's default options (``--max-len``, ``--n-train``); every variant trains ``--steps`` optimizer steps
 (``pretrain`` variants first self-pretrain for ``--pretrain-steps``; ``long`` trains twice as many steps: the
-same total of steps as pretraining plus training) over ``--seeds`` seeds, and reports the mean and spread of
+same total of steps as pretraining plus training; ``mean-pool`` mean-pools where ListOps' models read the first
+token) over ``--seeds`` seeds, and reports the mean and spread of
 the test accuracy beside the chance level (majority class). Budgets are in steps; seconds are printed and
 depend on the machine's load. ``--compile`` also times ``torch.compile`` against eager per step.
 
@@ -20,8 +21,9 @@ import time
 
 import torch
 
+from xsearch.config import ModelConfig
 from xsearch.model import build_model
-from xsearch.search_spaces import load_space
+from xsearch.search_spaces import load_space_for_task
 from xsearch.tasks import get_task
 from xsearch.training import evaluate, train
 from xsearch.training.pretrain import pretrain
@@ -40,13 +42,16 @@ VARIANTS = {
     "ema0.998": ({"ema": 0.998}, 0, 1),
     "pretrain": ({}, 1, 1),
     "long": ({}, 0, 2),
+    "mean-pool": ({}, 0, 1),  # the head reads the mean over real tokens, not ListOps' first token (CONFIG_CHANGES)
 }
+#: variant -> changes to the model config
+CONFIG_CHANGES = {"mean-pool": {"pooling": "mean"}}
 
 
 def run_variant(name, task, cfg, steps, pretrain_steps, seed) -> dict:
     changes, pre, factor = VARIANTS[name]
     torch.manual_seed(seed)
-    model = build_model(cfg)
+    model = build_model(ModelConfig.from_dict({**cfg.to_dict(), **CONFIG_CHANGES.get(name, {})}))
     start = time.perf_counter()
     if pre:
         pretrain(model, task, PretrainSettings(steps=pre * pretrain_steps, lr=BASE["lr"], seed=seed), progress=False)
@@ -102,7 +107,7 @@ def main(argv=None) -> int:
     if unknown:
         p.error(f"unknown variant {unknown[0]!r} (valid: {', '.join(VARIANTS)})")
     task = get_task("listops", n_train=args.n_train, n_valid=500, n_test=500, max_len=args.max_len)
-    cfg = load_space(args.space).reference_config(task.model_fields())
+    cfg = load_space_for_task(args.space, task).reference_config(task.model_fields())
     chance = task.chance("test")
     rows = []
     for name in names:

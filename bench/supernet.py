@@ -31,7 +31,7 @@ import torch
 
 from xsearch.config import describe_config
 from xsearch.model import count_parameters
-from xsearch.search_spaces import RandomDraw, load_space
+from xsearch.search_spaces import RandomDraw, load_space_for_task
 from xsearch.supernet import build_supernet, extract_subnet
 from xsearch.supernet.settings import SupernetTrainSettings
 from xsearch.supernet.train import train_supernet
@@ -64,7 +64,7 @@ def kendall_tau(x: list[float], y: list[float]) -> float:
 
 def run_space(name: str, task, args) -> dict:
     fields = task.model_fields()
-    space = load_space(name, max_len=task.max_len)
+    space = load_space_for_task(name, task)
     rng = random.Random(args.seed)
     subnets = [space.suggest(RandomDraw(rng), fields) for _ in range(args.subnets)]
 

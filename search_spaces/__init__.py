@@ -15,7 +15,7 @@ ratio for each layer (``layers.0.attention``, ...).
 
 from xsearch.search_spaces.dims import Dim, SpaceError
 from xsearch.search_spaces.draw import RandomDraw
-from xsearch.search_spaces.loader import MODEL_KEYS, list_spaces, load_space, space_from_yaml
+from xsearch.search_spaces.loader import MODEL_KEYS, list_spaces, load_space, load_space_for_task, space_from_yaml
 from xsearch.search_spaces.space import SearchSpace
 
 __all__ = [
@@ -26,5 +26,6 @@ __all__ = [
     "SpaceError",
     "list_spaces",
     "load_space",
+    "load_space_for_task",
     "space_from_yaml",
 ]

@@ -17,10 +17,16 @@ from xsearch.search_spaces.space import SearchSpace
 log = logging.getLogger("xsearch.search")
 
 PACKAGE = "xsearch.search_spaces"  # where the shipped .yaml files live
-MODEL_KEYS = {"d_model", "n_layers", "n_heads", "ffn_ratio", "weight_sharing", "pos_encoding", "dropout"}
+MODEL_KEYS = {"d_model", "n_layers", "n_heads", "ffn_ratio", "weight_sharing", "pos_encoding", "dropout", "pooling"}
 TOP_KEYS = {"name", "description", "reference", "model", "attention", "per_layer"}
 # What the vanilla Transformer uses where a space's reference does not say.
-REFERENCE_DEFAULTS = {"weight_sharing": "none", "ffn_ratio": 4, "pos_encoding": "sinusoidal", "dropout": 0.0}
+REFERENCE_DEFAULTS = {
+    "weight_sharing": "none",
+    "ffn_ratio": 4,
+    "pos_encoding": "sinusoidal",
+    "dropout": 0.0,
+    "pooling": "mean",
+}
 
 
 def list_spaces() -> list[str]:
@@ -51,7 +57,13 @@ def _parse(source: str, text: str) -> Any:
         raise SpaceError(f"{source}: malformed YAML ({e})") from None
 
 
-def load_space(name_or_path: str | Path, *, causal: bool | None = None, max_len: int | None = None) -> SearchSpace:
+def load_space(
+    name_or_path: str | Path,
+    *,
+    causal: bool | None = None,
+    max_len: int | None = None,
+    defaults: dict[str, Any] | None = None,
+) -> SearchSpace:
     """Load and validate a space; drop what cannot work for the task.
 
     Args:
@@ -59,17 +71,32 @@ def load_space(name_or_path: str | Path, *, causal: bool | None = None, max_len:
         causal: True for decoder tasks (``lm``): variants that cannot decode are removed.
         max_len: the task's sequence length: length parameters beyond it are removed, and
             variants left without a valid value are dropped.
+        defaults: model dimensions the task suggests (``Task.model_defaults()``): each one the
+            space leaves out becomes a fixed dimension, and the reference takes it where inside.
 
     Raises:
         SpaceError: a malformed file, with the key and value at fault.
     """
     source, text = _read(name_or_path)
-    return space_from_yaml(text, source=source, causal=causal, max_len=max_len)
+    return space_from_yaml(text, source=source, causal=causal, max_len=max_len, defaults=defaults)
 
 
-def space_from_yaml(text: str, *, source: str = "<yaml>", causal: bool | None = None, max_len: int | None = None):
+def load_space_for_task(name_or_path: str | Path, task) -> SearchSpace:
+    """``load_space`` fitted to ``task`` (a ``Task``): its kind, length and model defaults."""
+    return load_space(name_or_path, causal=task.kind == "lm", max_len=task.max_len, defaults=task.model_defaults())
+
+
+def space_from_yaml(
+    text: str,
+    *,
+    source: str = "<yaml>",
+    causal: bool | None = None,
+    max_len: int | None = None,
+    defaults: dict[str, Any] | None = None,
+) -> SearchSpace:
     """``load_space`` of a space's YAML text (``SearchSpace.to_yaml()``; a supernet keeps its space so)."""
     from xsearch.attention import attention_spec, build_attention, list_attentions
+    from xsearch.config import POOLINGS
 
     doc = _parse(source, text)
     if not isinstance(doc, dict):
@@ -88,6 +115,13 @@ def space_from_yaml(text: str, *, source: str = "<yaml>", causal: bool | None = 
         if key not in MODEL_KEYS:
             raise SpaceError(f"{source}: unknown model key {key!r} (valid: {', '.join(sorted(MODEL_KEYS))})")
         model[key] = parse_dim(f"{source}: model.{key}", raw)
+    for key, value in (defaults or {}).items():
+        if key not in MODEL_KEYS:
+            raise SpaceError(f"task default {key!r} is not a model dimension (valid: {', '.join(sorted(MODEL_KEYS))})")
+        model.setdefault(key, Dim(choices=(value,)))
+    for v in model["pooling"].values() if "pooling" in model else ():
+        if v not in POOLINGS:
+            raise SpaceError(f"{source}: model.pooling {v!r} is not one of {list(POOLINGS)}")
     for key in ("d_model", "n_layers", "n_heads"):
         if key not in model:
             raise SpaceError(f"{source}: model.{key} is required")
@@ -161,9 +195,10 @@ def space_from_yaml(text: str, *, source: str = "<yaml>", causal: bool | None = 
     missing = [k for k in ("d_model", "n_layers", "n_heads") if k not in reference]
     if missing:
         raise SpaceError(f"{source}: reference needs {', '.join(missing)}")
-    for key, dim in model.items():  # dimensions the reference leaves open: the vanilla value
+    prefer = {**REFERENCE_DEFAULTS, **(defaults or {})}
+    for key, dim in model.items():  # dimensions the reference leaves open: the task's or the vanilla value
         if key not in reference:
-            default = REFERENCE_DEFAULTS.get(key)
+            default = prefer.get(key)
             inside = default is not None and (
                 default in dim.choices if dim.choices is not None else dim.low <= default <= dim.high
             )

@@ -22,16 +22,18 @@ def test_train_eval_round_trip(tmp_path, capsys):
     assert {"config.json", "model.safetensors", "task.json", "metrics.json"} <= {p.name for p in out.iterdir()}
     cfg = json.loads((out / "config.json").read_text())["model"]
     assert cfg["attention"] == "performer" and cfg["attention_params"]["nb_features"] == 16 and cfg["max_len"] == 48
+    assert cfg["pooling"] == "first"  # ListOps' default where no flag or --config says otherwise
     trained = json.loads((out / "metrics.json").read_text())["test_accuracy"]
     capsys.readouterr()
     assert main(["eval", str(out), "--task", "listops", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["accuracy"] == pytest.approx(trained)  # same task rebuilt from task.json, same model
     # a config file (as `xsearch pick` writes) plus an override
-    assert main(["train", *task, "--config", str(out / "config.json"), "--layers", "2", "--steps", "2", "--quiet",
-                 "--out", str(tmp_path / "m2")]) == 0  # fmt: skip
+    assert main(["train", *task, "--config", str(out / "config.json"), "--layers", "2", "--pooling", "mean",
+                 "--steps", "2", "--quiet", "--out", str(tmp_path / "m2")]) == 0  # fmt: skip
     cfg2 = json.loads((tmp_path / "m2" / "config.json").read_text())["model"]
     assert cfg2["attention"] == "performer" and cfg2["n_layers"] == 2 and cfg2["attention_params"]["nb_features"] == 16
+    assert cfg2["pooling"] == "mean"
 
 
 @pytest.mark.parametrize(

@@ -98,6 +98,14 @@ def test_variant_modes_export_with_parity(name, params, task, tmp_path):
     assert report.max_abs_diff is not None and report.max_abs_diff <= 1e-4
 
 
+@pytest.mark.parametrize("name", ["full", "local"])
+def test_first_token_pooling_exports_with_parity(name, task, tmp_path):
+    model = tiny_model(task, name, pooling="first")
+    report = to_onnx(model, tmp_path / "m.onnx", task=task.describe())
+    assert report.max_abs_diff is not None and report.max_abs_diff <= 1e-4
+    assert xsearch.ModelConfig.from_dict(read_metadata(tmp_path / "m.onnx")["config"]).pooling == "first"
+
+
 def test_example_length_is_a_long_prime():
     from xsearch.export.onnx_export import example_length
 

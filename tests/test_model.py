@@ -33,6 +33,7 @@ def test_config_round_trip_through_json():
         (dict(head="lm"), "causal=True"),
         (dict(dropout=1.5), "dropout"),
         (dict(n_classes=1), "n_classes"),
+        (dict(pooling="cls"), "pooling.*'cls'"),
     ],
 )
 def test_config_validation(kw, match):
@@ -61,6 +62,22 @@ def test_output_shapes_and_pooling_ignores_padding():
     torch.testing.assert_close(m(ids[1:, :12])[0], out[1], atol=1e-5, rtol=1e-4)
     lm = xsearch.build_model(cfg(head="lm", causal=True)).eval()
     assert lm(ids, mask).shape == (2, 20, 30)
+
+
+def test_first_token_pooling_reads_position_zero_only():
+    torch.manual_seed(0)
+    m = xsearch.build_model(cfg(pooling="first")).eval()
+    ids = torch.randint(1, 30, (2, 20))
+    mask = torch.ones(2, 20, dtype=torch.bool)
+    mask[1, 12:] = False
+    out = m(ids, mask)
+    h = m.hidden_states(ids, mask)
+    torch.testing.assert_close(out, m.head(h[:, 0]))
+    torch.testing.assert_close(m(ids[1:, :12])[0], out[1], atol=1e-5, rtol=1e-4)  # padding still ignored
+    mean = xsearch.build_model(cfg())
+    mean.load_state_dict(m.state_dict())  # the same weights: only the pooling differs
+    assert not torch.allclose(mean.eval()(ids, mask), out)
+    assert "pool=first" in xsearch.describe_config(m.config) and "pool" not in xsearch.describe_config(mean.config)
 
 
 def test_weight_sharing_reduces_parameters_and_is_saved(tmp_path):

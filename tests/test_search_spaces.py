@@ -1,8 +1,10 @@
+import random
+
 import pytest
 import torch
 
 import xsearch
-from xsearch.search_spaces import SpaceError, list_spaces, load_space
+from xsearch.search_spaces import RandomDraw, SpaceError, list_spaces, load_space, space_from_yaml
 
 
 def write(tmp_path, text):
@@ -59,6 +61,7 @@ def test_a_user_space_loads_and_suggests(tmp_path):
         (GOOD.replace("d_model: 32,", "d_model: 48,"), "reference.d_model=48"),
         (GOOD.replace("attention: full,", "attention: sparse,"), "reference.attention"),
         ("model: [unclosed", "malformed YAML"),
+        (GOOD.replace("n_heads: [2, 4]", "n_heads: [2, 4]\n  pooling: [mean, cls]"), "model.pooling 'cls'"),
     ],
 )
 def test_validation_errors_name_key_and_value(tmp_path, text, needle):
@@ -79,6 +82,32 @@ def test_task_exclusions():
     assert all(xsearch.attention_spec(a).causal for a in lm.attention)
     short = load_space("default", max_len=24)
     assert "local" not in short.attention and "every block_size" in short.excluded["local"]
+
+
+def test_a_task_default_fills_what_the_space_leaves_open(tmp_path):
+    """ListOps suggests first-token pooling: a space without a pooling dimension gets it fixed (reference
+    included); a space that searches pooling keeps its choices, and its reference takes the task's value."""
+    from xsearch.search_spaces import load_space_for_task
+    from xsearch.tasks import get_task
+
+    task = get_task("listops", n_train=8, n_valid=4, n_test=4, min_len=8, max_len=64, max_depth=4)
+    assert task.model_defaults() == {"pooling": "first"}
+    assert get_task("lm", max_len=32).model_defaults() == {}
+    fields = task.model_fields()
+    fixed = load_space_for_task(write(tmp_path, GOOD), task)
+    assert fixed.model["pooling"].choices == ("first",)
+    assert fixed.reference_config(fields).pooling == "first"
+    assert fixed.suggest(RandomDraw(random.Random(0)), fields).pooling == "first"
+    assert "pooling" not in load_space(write(tmp_path, GOOD)).model  # no task: the space as written
+    searched = load_space_for_task(
+        write(tmp_path, GOOD.replace("n_heads: [2, 4]", "n_heads: [2, 4]\n  pooling: [mean, first]")), task
+    )
+    assert searched.model["pooling"].choices == ("mean", "first") and searched.reference["pooling"] == "first"
+    rng = random.Random(0)
+    draws = {searched.suggest(RandomDraw(rng), fields).pooling for _ in range(16)}
+    assert draws == {"mean", "first"}
+    again = space_from_yaml(fixed.to_yaml(), defaults=task.model_defaults())
+    assert again.to_yaml() == fixed.to_yaml()  # a supernet's stored space compares equal
 
 
 def test_shipped_spaces():

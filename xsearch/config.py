@@ -12,6 +12,7 @@ from xsearch.settings import option
 HEADS = ("classify", "lm")
 WEIGHT_SHARING = ("none", "all", "attention", "ffn")
 POS_ENCODINGS = ("sinusoidal", "learned")
+POOLINGS = ("mean", "first")
 #: What one entry of ``ModelConfig.layers`` may set; a key it leaves out takes the config's own value.
 LAYER_KEYS = ("attention", "attention_params", "n_heads", "head_dim", "d_ff")
 
@@ -47,6 +48,9 @@ class ModelConfig:
         weight_sharing: ``"none"``, ``"all"`` (one block reused, ALBERT), ``"attention"`` or ``"ffn"``.
         dropout: dropout rate.
         pos_encoding: ``"sinusoidal"`` or ``"learned"``.
+        pooling: how the ``classify`` head reads the sequence: ``"mean"`` over the real tokens, or
+            ``"first"``: the first token's final state (Long Range Arena's CLS pooling; ListOps'
+            answer is decided by its outermost operator, which is always the first token).
         ffn_dims: per-layer FFN widths after pruning (``None`` = ``d_ff`` everywhere).
         layers: one dict per layer (``LAYER_KEYS``: attention, attention_params, n_heads,
             head_dim, d_ff) for a heterogeneous model; ``n_layers`` must equal its length. A key
@@ -71,6 +75,9 @@ class ModelConfig:
     weight_sharing: str = option("none", "weights shared across layers", choices=WEIGHT_SHARING)
     dropout: float = option(0.0, "dropout rate")
     pos_encoding: str = option("sinusoidal", "position encoding", choices=POS_ENCODINGS)
+    pooling: str = option(
+        "mean", "what the classify head reads: the mean over real tokens or the first token", choices=POOLINGS
+    )
     ffn_dims: list[int] | None = None
     layers: list[dict[str, Any]] | None = None
 
@@ -90,6 +97,7 @@ class ModelConfig:
         _choice("head", self.head, HEADS)
         _choice("weight_sharing", self.weight_sharing, WEIGHT_SHARING)
         _choice("pos_encoding", self.pos_encoding, POS_ENCODINGS)
+        _choice("pooling", self.pooling, POOLINGS)
         if not isinstance(self.causal, bool):
             raise XSearchError(f"ModelConfig.causal must be a bool, got {self.causal!r}")
         if not isinstance(self.dropout, (int, float)) or not 0.0 <= self.dropout < 1.0:
@@ -228,8 +236,8 @@ def describe_config(cfg: ModelConfig | dict[str, Any]) -> str:
     """
     if isinstance(cfg, ModelConfig):
         cfg = cfg.to_dict()
-    share = cfg.get("weight_sharing", "none")
-    tail = "" if share == "none" else f" share={share}"
+    share, pooling = cfg.get("weight_sharing", "none"), cfg.get("pooling", "mean")
+    tail = ("" if share == "none" else f" share={share}") + ("" if pooling == "mean" else f" pool={pooling}")
     layers = cfg.get("layers")
     if layers and any(entry != layers[0] for entry in layers[1:]):
         inner = " | ".join(

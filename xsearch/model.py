@@ -208,10 +208,12 @@ class XSearchModel(nn.Module):
         return length
 
     def head_logits(self, h: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Logits from final hidden states (mean-pooled over real tokens for ``classify``)."""
+        """Logits from final hidden states (``classify``: pooled as ``config.pooling`` says)."""
         if self.config.head == "lm":
             return self.head(h)
-        if mask is None:
+        if self.config.pooling == "first":
+            pooled = h[:, 0]
+        elif mask is None:
             pooled = h.mean(dim=1)
         else:
             m = mask.to(h.dtype).unsqueeze(-1)

@@ -182,7 +182,7 @@ def task_of_model(model_dir: str | Path, args: argparse.Namespace) -> tuple[str,
 # -- the model -------------------------------------------------------------------------------------
 MODEL_FLAGS = {"attention": "--attention", "d_model": "--d-model", "n_layers": "--layers", "n_heads": "--heads",
                "head_dim": "--head-dim", "d_ff": "--d-ff", "weight_sharing": "--weight-sharing",
-               "dropout": "--dropout", "pos_encoding": "--pos-encoding"}  # fmt: skip
+               "dropout": "--dropout", "pos_encoding": "--pos-encoding", "pooling": "--pooling"}  # fmt: skip
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
@@ -216,12 +216,15 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     return cfg
 
 
-def model_config_from_args(args: argparse.Namespace, task_fields: dict[str, Any]):
-    """The ``ModelConfig`` the flags describe, over ``--config``, with the task's fields (vocabulary, length, head)."""
+def model_config_from_args(args: argparse.Namespace, task):
+    """The ``ModelConfig`` the flags describe, over ``--config``, over the task's defaults (``model_defaults``),
+    with the task's fields (vocabulary, length, head)."""
     from xsearch.config import ModelConfig
 
+    task_fields = task.model_fields()
     base = read_config_file(args.config) if args.config else {}
-    cfg = {**base, **{k: getattr(args, k) for k in MODEL_FLAGS if getattr(args, k, None) is not None}}
+    flags = {k: getattr(args, k) for k in MODEL_FLAGS if getattr(args, k, None) is not None}
+    cfg = {**task.model_defaults(), **base, **flags}
     try:
         params = parse_assignments(args.set, "--set")
     except SettingError as e:

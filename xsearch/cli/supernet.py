@@ -43,7 +43,7 @@ def register(name: str, group: argparse.ArgumentParser) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from xsearch.search_spaces import load_space
+    from xsearch.search_spaces import load_space_for_task
     from xsearch.supernet import build_supernet
     from xsearch.supernet.train import train_supernet
 
@@ -52,7 +52,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     name, options = checked_task(args.task, task_options(args))
     task = build_task(name, options)
     fields = task.model_fields()
-    space = load_space(args.space, causal=task.kind == "lm", max_len=task.max_len)
+    space = load_space_for_task(args.space, task)
     sn = build_supernet(space, fields, seed=settings.seed)
     log.info("supernet over %s: %s parameters", space.name, f"{sn.n_parameters():,}")
     record = train_supernet(sn, task, settings, out=out, progress=not args.quiet)

@@ -87,7 +87,7 @@ def _task_and_config(args: argparse.Namespace):
         attention_spec(args.attention).resolve_params(parse_assignments(args.set, "--set"))
     name, options = checked_task(args.task, task_options(args))
     task = build_task(name, options)
-    return task, model_config_from_args(args, task.model_fields())
+    return task, model_config_from_args(args, task)
 
 
 def cmd_pretrain(args: argparse.Namespace) -> int:

@@ -191,7 +191,7 @@ def run_sweep(settings: SweepSettings, *, progress: bool = True) -> optuna.Study
         XSearchError: a length over the task's max_len, or a study of that name that is not a sweep.
     """
     from xsearch.latency.cache import LatencyCache, default_cache_path
-    from xsearch.search_spaces import load_space
+    from xsearch.search_spaces import load_space, load_space_for_task
     from xsearch.storage import open_storage
     from xsearch.tasks import check_task_options, get_task
 
@@ -204,7 +204,7 @@ def run_sweep(settings: SweepSettings, *, progress: bool = True) -> optuna.Study
     too_long = [n for n in seq_lens if n > task.max_len]
     if too_long:
         raise XSearchError(f"seq_len {too_long[0]} exceeds the task's max_len={task.max_len}")
-    space = load_space(settings.space, causal=task.kind == "lm", max_len=task.max_len)
+    space = load_space_for_task(settings.space, task)
     study = optuna.create_study(storage=storage, study_name=settings.study, direction="minimize", load_if_exists=True)
     trials = study.get_trials(deepcopy=False)
     if trials and study.user_attrs.get("kind") != SWEEP_KIND:

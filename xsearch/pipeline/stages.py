@@ -94,11 +94,11 @@ def supernet_mode(ctx: RunContext) -> bool:
 
 def run_supernet_stage(ctx: RunContext, work: Path) -> dict[str, Any]:
     """Train the supernet the search scores its trials with (supernet mode); resumes from its last checkpoint."""
-    from xsearch.search_spaces import load_space
+    from xsearch.search_spaces import load_space_for_task
     from xsearch.supernet import build_supernet
     from xsearch.supernet.train import train_supernet
 
-    space = load_space(ctx.cfg.search.space, causal=ctx.task.kind == "lm", max_len=ctx.task.max_len)
+    space = load_space_for_task(ctx.cfg.search.space, ctx.task)
     sn = build_supernet(space, ctx.task.model_fields(), seed=ctx.cfg.supernet.seed)
     ctx.echo(f"  supernet over {space.name}: {sn.n_parameters():,} parameters")
     record = train_supernet(sn, ctx.task, ctx.cfg.supernet, out=work / SUPERNET_DIR, progress=ctx.progress)
@@ -123,9 +123,9 @@ def run_search_stage(ctx: RunContext, work: Path) -> dict[str, Any]:
     settings = dataclasses.replace(ctx.cfg.search, storage=study_url(work / STUDY_FILE), supernet=supernet)
     used = 0
     if (work / STUDY_FILE).exists():
-        from xsearch.search_spaces import load_space
+        from xsearch.search_spaces import load_space_for_task
 
-        space = load_space(settings.space, causal=ctx.task.kind == "lm", max_len=ctx.task.max_len)
+        space = load_space_for_task(settings.space, ctx.task)
         used = _close_interrupted_trials(settings.storage, space.reference_params())
     remaining = settings.trials - used
     if remaining > 0:

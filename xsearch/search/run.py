@@ -56,7 +56,7 @@ def run_search(settings: SearchSettings, *, progress: bool = True) -> optuna.Stu
         RuntimeError: trials that keep failing for another reason.
     """
     from xsearch.latency.cache import LatencyCache, default_cache_path
-    from xsearch.search_spaces import load_space
+    from xsearch.search_spaces import load_space, load_space_for_task
     from xsearch.storage import open_storage
     from xsearch.tasks import check_task_options, get_task
 
@@ -67,7 +67,7 @@ def run_search(settings: SearchSettings, *, progress: bool = True) -> optuna.Stu
     check_task_options(settings.task, settings.task_options)
     open_storage(settings.storage)  # reachable, before the (slower) task is built
     task = get_task(settings.task, **settings.task_options)
-    space = load_space(settings.space, causal=task.kind == "lm", max_len=task.max_len)
+    space = load_space_for_task(settings.space, task)
     cache_path = default_cache_path() if settings.latency_cache == "default" else settings.latency_cache
     supernet = None
     if settings.supernet is not None:

@@ -31,6 +31,8 @@ class Task:
         n_classes: number of labels (classify).
         label_names: label of each class id (classify).
         options: the ``get_task`` options that rebuild this task.
+        defaults: ``ModelConfig`` fields that suit the task, taken where neither the user nor the
+            search space says otherwise (ListOps: ``pooling="first"``); see ``model_defaults``.
     """
 
     name: str
@@ -41,6 +43,7 @@ class Task:
     label_names: list[str] | None = None
     options: dict[str, Any] = field(default_factory=dict)
     data: dict[str, Any] = field(default_factory=dict, repr=False)
+    defaults: dict[str, Any] = field(default_factory=dict)
     _chance: dict[str, float] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def size(self, split: str) -> int:
@@ -155,6 +158,10 @@ class Task:
         if self.kind == "lm":
             return {**fields, "head": "lm", "causal": True}
         return {**fields, "head": "classify", "n_classes": self.n_classes}
+
+    def model_defaults(self) -> dict[str, Any]:
+        """The ``ModelConfig`` fields this task suggests (a flag, a ``--config`` or a space's value wins)."""
+        return dict(self.defaults)
 
     def describe(self) -> dict[str, Any]:
         """JSON-able description saved with a model (rebuild options, encoding, labels)."""

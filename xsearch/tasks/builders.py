@@ -56,7 +56,7 @@ def listops_task(opts: dict[str, Any]) -> Task:
     """Generated ListOps (10 classes); ``opts`` resolved by ``check_task_options``."""
     data = _generated("listops", listops, listops.listops_samples, listops.ENCODING.encode, opts)
     return Task("listops", "classify", listops.ENCODING, opts["max_len"], 10, [str(d) for d in range(10)], opts,
-                data)  # fmt: skip
+                data, defaults=dict(listops.MODEL_DEFAULTS))  # fmt: skip
 
 
 def pathfinder_task(opts: dict[str, Any]) -> Task:

@@ -40,6 +40,10 @@ SHORTEST = 4  # the shortest expression, e.g. "[MIN 1 2 ]"
 MIN_LEN_FRACTION = 0.25  # min_len when not given: this share of max_len (LRA: 500 of 2000)
 GENERATOR_VERSION = 2  # bump whenever the samples drawn for given options change (it keys the task cache)
 
+#: The answer is decided by the outermost operator, always the first token: the head reads that token's state (Long
+#: Range Arena's ListOps models pool their first token too). bench/lra_listops.py measures mean pooling beside it.
+MODEL_DEFAULTS = {"pooling": "first"}
+
 LRA_PRESET = {"max_len": 2000, "n_train": 96_000, "n_valid": 2_000, "n_test": 2_000}  # min_len: 500 by the rule
 
 
