@@ -20,6 +20,7 @@ import sys
 import time
 
 import torch
+from lra_listops import first_token_baseline  # (bench/, beside this script)
 
 from xsearch.config import ModelConfig
 from xsearch.model import build_model
@@ -115,7 +116,8 @@ def main(argv=None) -> int:
             rows.append(run_variant(name, task, cfg, args.steps, args.pretrain_steps, seed))
             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     print(f"\nListOps max_len {args.max_len}, n_train {args.n_train}, {args.space} reference; {args.steps} training "
-          f"steps ({args.seeds} seeds); chance (majority class) {chance:.4f}\n")  # fmt: skip
+          f"steps ({args.seeds} seeds); chance (majority class) {chance:.4f}; the first token's majority answer (no "
+          f"model) {first_token_baseline(task):.4f}\n")  # fmt: skip
     print("| variant | pretrain steps | train steps | test accuracy (mean) | per seed | minus base | s per run |")
     print("|---|---|---|---|---|---|---|")
     base = statistics.mean(r["test"] for r in rows if r["variant"] == "base") if "base" in names else None
