@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 from importlib import resources
@@ -96,7 +97,6 @@ def space_from_yaml(
 ) -> SearchSpace:
     """``load_space`` of a space's YAML text (``SearchSpace.to_yaml()``; a supernet keeps its space so)."""
     from xsearch.attention import attention_spec, build_attention, list_attentions
-    from xsearch.config import POOLINGS
 
     doc = _parse(source, text)
     if not isinstance(doc, dict):
@@ -119,9 +119,10 @@ def space_from_yaml(
         if key not in MODEL_KEYS:
             raise SpaceError(f"task default {key!r} is not a model dimension (valid: {', '.join(sorted(MODEL_KEYS))})")
         model.setdefault(key, Dim(choices=(value,)))
-    for v in model["pooling"].values() if "pooling" in model else ():
-        if v not in POOLINGS:
-            raise SpaceError(f"{source}: model.pooling {v!r} is not one of {list(POOLINGS)}")
+    for key, choices in _model_choices().items():  # the ModelConfig fields of closed choice (pooling, ...)
+        for v in model[key].values() if key in model else ():
+            if v not in choices:
+                raise SpaceError(f"{source}: model.{key} {v!r} is not one of {list(choices)}")
     for key in ("d_model", "n_layers", "n_heads"):
         if key not in model:
             raise SpaceError(f"{source}: model.{key} is required")
@@ -214,6 +215,14 @@ def space_from_yaml(
         excluded=excluded,
         per_layer=per_layer,
     )
+
+
+def _model_choices() -> dict[str, tuple]:
+    """Model dimension -> the values ``ModelConfig`` accepts, for the dimensions it declares with choices."""
+    from xsearch.config import ModelConfig
+
+    fields = {f.name: f.metadata.get("choices") for f in dataclasses.fields(ModelConfig)}
+    return {k: tuple(fields[k]) for k in MODEL_KEYS if fields.get(k)}
 
 
 def _fit_lengths(params: dict[str, Dim], max_len: int) -> tuple[dict[str, Dim], str | None]:

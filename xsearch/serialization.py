@@ -31,9 +31,10 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 def write_checkpoint(path: Path, tensors: dict[str, Any], state: dict[str, Any]) -> None:
     """One safetensors file holding ``tensors`` and, in its metadata, the JSON of ``state``; written under a
-    temporary name and renamed, so a kill at any moment leaves the previous whole checkpoint."""
+    temporary name and renamed, so a kill at any moment leaves the previous whole checkpoint. Tensors that
+    share memory (tied weights) must come as copies: safetensors refuses shared storage."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tensors = {k: v.detach().clone().contiguous() for k, v in tensors.items()}  # (clones: tied weights share)
+    tensors = {k: v.detach().contiguous() for k, v in tensors.items()}
     safetensors.torch.save_file(tensors, str(tmp), metadata={"state": json.dumps(state, sort_keys=True)})
     os.replace(tmp, path)
 

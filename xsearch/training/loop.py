@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from xsearch.errors import XSearchError
-from xsearch.training.steps import StepLoop, TrainingDiverged, adamw, lr_factor, progress_bar  # noqa: F401 (names of this module)
+from xsearch.training.steps import StepLoop, TrainingDiverged, adamw  # noqa: F401 (TrainingDiverged: a name of this module)
 
 log = logging.getLogger("xsearch.train")
 

@@ -112,17 +112,14 @@ def validation_loss(model, head: DenoisingHead | None, task, settings: PretrainS
 
 
 def _checkpoint_tensors(model, head, opt) -> dict[str, torch.Tensor]:
-    tensors = dict(prefixed("model", model.state_dict()))
+    """The model's, the head's and the optimizer's tensors under ``model/``, ``head/``, ``opt/<i>/``; copies,
+    since a model with weight sharing holds one tensor under several names."""
+    tensors = {f"model/{k}": v.clone() for k, v in model.state_dict().items()}
     if head is not None:
-        tensors |= dict(prefixed("head", head.state_dict()))
+        tensors |= {f"head/{k}": v.clone() for k, v in head.state_dict().items()}
     for i, st in opt.state_dict()["state"].items():
         tensors |= {f"opt/{i}/{field}": v for field, v in st.items()}
     return tensors
-
-
-def prefixed(prefix: str, tensors: dict[str, torch.Tensor]):
-    """``(prefix/name, tensor)`` pairs: one checkpoint file holds several modules' tensors."""
-    return ((f"{prefix}/{k}", v) for k, v in tensors.items())
 
 
 def _save(model, head, opt, out: Path, state: dict[str, Any], task) -> None:

@@ -107,10 +107,10 @@ class StepLoop:
         return time.perf_counter() - self.start
 
     def done(self) -> bool:
-        """Whether the budget is spent."""
-        if self.steps is not None:
-            return self.step >= self.steps
-        return self.elapsed >= self.seconds
+        """Whether the budget is spent (the steps, or the seconds, whichever is given and reached first)."""
+        return (self.steps is not None and self.step >= self.steps) or (
+            self.seconds is not None and self.elapsed >= self.seconds
+        )
 
     @property
     def mean_loss(self) -> float:
@@ -129,13 +129,8 @@ class StepLoop:
         self._stack.__exit__(*exc)
 
     def __iter__(self) -> Iterator[int]:
-        while True:
-            elapsed = self.elapsed
-            if (self.steps is not None and self.step >= self.steps) or (
-                self.seconds is not None and elapsed >= self.seconds
-            ):
-                return
-            frac = self.step / self.steps if self.steps is not None else elapsed / self.seconds
+        while not self.done():
+            frac = self.step / self.steps if self.steps is not None else self.elapsed / self.seconds
             for group in self.opt.param_groups:
                 group["lr"] = self.lr * lr_factor(frac, self.warmup)
             yield self.step
