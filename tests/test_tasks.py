@@ -111,6 +111,24 @@ def test_listops_task_splits_and_batches():
         get_task("imagenet")
 
 
+def test_batches_by_length_hold_the_same_examples_with_less_padding():
+    t = get_task("listops", n_train=10, n_valid=50, n_test=10, min_len=16, max_len=64, seed=2)
+
+    def examples(batches):
+        return [(tuple(row[m].tolist()), int(y)) for ids, mask, ys in batches for row, m, y in zip(ids, mask, ys)]
+
+    def padded_tokens(batches):
+        return sum(ids.numel() for ids, _, _ in batches)
+
+    plain, sorted_ = list(t.batches("valid", 8)), list(t.batches("valid", 8, by_length=True))
+    assert sorted(examples(plain)) == sorted(examples(sorted_))  # the same examples with their labels
+    lengths = [len(x) for x, _ in examples(sorted_)]
+    assert lengths == sorted(lengths) and padded_tokens(sorted_) < padded_tokens(plain)
+    # with max_batches, the same examples are chosen as without sorting
+    first = list(t.batches("valid", 8, max_batches=2))
+    assert sorted(examples(first)) == sorted(examples(t.batches("valid", 8, max_batches=2, by_length=True)))
+
+
 def test_text_task_from_jsonl(tmp_path):
     rows = [{"text": f"good {i} ünïcode", "label": "pos"} for i in range(20)]
     rows += [{"text": f"bad {i}", "label": "neg"} for i in range(20)]

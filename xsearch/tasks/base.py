@@ -92,12 +92,15 @@ class Task:
         shuffle: bool = False,
         seed: int = 0,
         max_batches: int | None = None,
+        by_length: bool = False,
     ) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         """Yield ``(input_ids long[B, N], mask bool[B, N], labels)`` with padding id 0.
 
         Labels are ``long[B]`` (classify) or ``long[B, N]`` next tokens (lm). Classification
         batches are padded to their longest member. ``shuffle`` draws a fresh order from
         ``seed``; for lm, the train split yields random windows forever when shuffled.
+        ``by_length`` (classify, for scoring) batches the same examples shortest first, so each
+        batch pads least: the examples ``max_batches`` would take are chosen before sorting.
         """
         if batch_size <= 0:
             raise XSearchError(f"batch_size must be > 0, got {batch_size}")
@@ -107,6 +110,10 @@ class Task:
             seqs, labels = self._split(split)
             order = torch.randperm(len(seqs), generator=g).tolist() if shuffle else range(len(seqs))
             order = list(order)
+            if by_length:
+                if max_batches is not None:
+                    order = order[: max_batches * batch_size]
+                order.sort(key=lambda i: len(seqs[i]))
             for start in range(0, len(order), batch_size):
                 if max_batches is not None and count >= max_batches:
                     return
