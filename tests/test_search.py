@@ -23,6 +23,13 @@ def settings(tmp_path, **kw):
     return SearchSettings(**{**base, **kw})
 
 
+def test_the_auto_sampler_is_tpe_for_trained_trials_and_nsga2_for_a_supernet(tmp_path):
+    assert settings(tmp_path).sampler_name() == "tpe"
+    assert settings(tmp_path, supernet=str(tmp_path / "sn")).sampler_name() == "nsga2"
+    for name in ("tpe", "random"):  # a sampler asked for by name is the one used
+        assert settings(tmp_path, supernet=str(tmp_path / "sn"), sampler=name).sampler_name() == name
+
+
 def test_search_end_to_end_resume_and_report(tmp_path, capsys, caplog):
     s = settings(tmp_path, max_latency_ms=1e9)
     run_search(s, progress=False)

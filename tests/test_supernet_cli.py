@@ -58,6 +58,8 @@ def test_search_with_inherited_weights_then_extract(trained, tmp_path, capsys):
     study = optuna.load_study(study_name="one", storage=db)
     done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
     assert len(done) == 6 and all(t.user_attrs["train_steps"] == 0 for t in done)
+    # the default sampler (auto) of a supernet search is NSGA-II: it marks each trial with its generation
+    assert all("NSGAIISampler:generation" in t.system_attrs for t in done[1:])  # (trial 0: the reference)
     sn = load_supernet(trained)
     task = get_task("listops", **TASK_OPTS)
     t = done[-1]

@@ -99,6 +99,6 @@ def run_search(settings: SearchSettings, *, progress: bool = True) -> optuna.Stu
         run_until_total(
             study, objective, total=settings.trials, heartbeat=True, timeout=settings.timeout, callbacks=[reporter],
             poll_s=max(0.2, min(2.0, settings.heartbeat_interval / 2)), current_trial=lambda: objective.current,
-            after_trial=guard,
+            after_trial=guard, collect_garbage=supernet is None,
         )  # fmt: skip
     return study

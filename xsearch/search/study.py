@@ -56,7 +56,7 @@ def open_study(
     storage = open_storage(
         settings.storage, heartbeat_interval=settings.heartbeat_interval, grace_period=settings.grace_period
     )
-    name, seed, trials = settings.sampler, settings.seed, settings.trials
+    name, seed, trials = settings.sampler_name(), settings.seed, settings.trials
     sampler = PerTrialSampler(lambda number: make_sampler(name, trial_seed(seed, number), trials), reference_params)
     study = optuna.create_study(
         storage=storage,
