@@ -13,9 +13,22 @@ For each space (``--spaces``, default ``default`` and ``per_layer``) on ListOps 
 Budgets are in steps (seconds are printed, and depend on the machine's load). The protocol of the supernet
 issue is ``--max-len 512 --subnets 24 --standalone-steps 1000`` (hours on 2 cores); smaller runs say so.
 
+``--tables equal-cost`` compares the two searches at equal cost instead, on ``--equal-cost-space``:
+
+1. one-shot: a supernet trained ``--ec-supernet-steps`` steps, a search of ``--ec-trials`` candidates scored with
+   its weights, the pick (``--min-speedup`` times faster than the study's reference) extracted;
+2. standalone: today's search (each candidate trained ``--proxy-steps`` steps from new weights) given the same
+   wall-clock seconds as step 1 took (``search.timeout``; the bench runs alone, so equal wall time on the same
+   2 cores is equal CPU time, and both are printed), then its pick;
+3. each pick fine-tuned ``--finetune-steps`` steps (the one-shot pick from its inherited weights, the
+   standalone pick from new weights) and the reference Transformer trained the same steps from new weights;
+   all three exported to ONNX, scored on the test split through onnxruntime and timed interleaved (ort-cpu).
+
     python bench/supernet.py [--max-len 512] [--subnets 24] [--supernet-steps 3000] [--standalone-steps 1000]
                              [--proxy-steps 200] [--spaces default,per_layer] [--train-threads 2]
                              [--json out.json] [--reuse earlier.json]
+    python bench/supernet.py --tables equal-cost [--ec-supernet-steps 1500] [--ec-trials 300]
+                             [--finetune-steps 400] [--work runs/bench-supernet]
 """
 
 from __future__ import annotations
@@ -24,8 +37,10 @@ import argparse
 import json
 import logging
 import random
+import resource
 import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -119,6 +134,111 @@ def run_space(name: str, task, args) -> dict:
     }  # fmt: skip
 
 
+class Clock:
+    """Wall and CPU seconds (this process and its children) since it was made."""
+
+    def __init__(self) -> None:
+        self.wall, self.cpu = time.perf_counter(), self.cpu_seconds()
+
+    @staticmethod
+    def cpu_seconds() -> float:
+        own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+    def read(self) -> tuple[float, float]:
+        return time.perf_counter() - self.wall, self.cpu_seconds() - self.cpu
+
+
+def equal_cost(task, task_options: dict, args) -> dict:
+    """The one-shot search against today's standalone search given the same seconds (see the module's text)."""
+    from xsearch.export import to_onnx
+    from xsearch.latency.timing import measure_interleaved
+    from xsearch.search.report import pick
+    from xsearch.search.run import run_search
+    from xsearch.search.settings import PickSettings, SearchSettings
+    from xsearch.supernet import save_supernet
+    from xsearch.training import evaluate_onnx
+
+    work = Path(args.work)
+    if (work / "studies.db").exists():  # (a resumed arm would take no seconds, and the other arm would get none)
+        raise SystemExit(f"--work {work} holds an earlier equal-cost run: choose another folder")
+    work.mkdir(parents=True, exist_ok=True)
+    fields = task.model_fields()
+    space = load_space_for_task(args.equal_cost_space, task)
+    common = dict(task="listops", task_options=task_options, space=args.equal_cost_space, target="torch-cpu",
+                  storage=f"sqlite:///{work / 'studies.db'}", latency_repeats=5, seed=args.seed, batch_size=32,
+                  lr=args.lr)  # fmt: skip
+    rule = PickSettings(min_speedup=args.min_speedup)
+
+    clock = Clock()
+    sn = build_supernet(space, fields, seed=args.seed)
+    train_supernet(sn, task, SupernetTrainSettings(steps=args.ec_supernet_steps, lr=args.lr, seed=args.seed),
+                   out=work / "supernet-checkpoint", progress=False)  # fmt: skip
+    save_supernet(sn, work / "supernet")
+    shot = run_search(SearchSettings(**common, study="one-shot", supernet=str(work / "supernet"),
+                                     trials=args.ec_trials, latency_cache=str(work / "latency-one-shot.jsonl")),
+                      progress=False)  # fmt: skip
+    shot_pick = pick(shot, rule)
+    shot_init = extract_subnet(sn, shot_pick.user_attrs["model_config"])
+    shot_seconds, shot_cpu = clock.read()
+    print(f"  one-shot: supernet {args.ec_supernet_steps} steps + {args.ec_trials} candidates in {shot_seconds:.0f} "
+          f"s; standalone search gets the same", file=sys.stderr, flush=True)  # fmt: skip
+
+    clock = Clock()
+    alone = run_search(SearchSettings(**common, study="standalone", trials=100_000, timeout=shot_seconds,
+                                      train_steps=args.proxy_steps, latency_cache=str(work / "latency-alone.jsonl")),
+                       progress=False)  # each arm measures its own latencies  # fmt: skip
+    alone_pick = pick(alone, rule)
+    alone_seconds, alone_cpu = clock.read()
+
+    fine_tune = TrainSettings(steps=args.finetune_steps, lr=args.lr, seed=args.seed)
+    arms = {
+        "one-shot (supernet)": (shot, shot_pick, shot_init, shot_seconds, shot_cpu),
+        "standalone search": (alone, alone_pick, None, alone_seconds, alone_cpu),
+        "reference Transformer": (alone, None, None, 0.0, 0.0),
+    }
+    rows, files = {}, {}
+    for name, (study, chosen, init, seconds, cpu) in arms.items():
+        config = space.reference_config(fields).to_dict() if chosen is None else chosen.user_attrs["model_config"]
+        clock = Clock()
+        trained = train_model(config, task, fine_tune, progress=False, init=init)
+        tune_seconds, tune_cpu = clock.read()
+        files[name] = work / f"{name.split()[0]}.onnx"
+        to_onnx(trained.model, files[name], task=task.describe())
+        counted = [t for t in study.get_trials(deepcopy=False) if t.state.name in ("COMPLETE", "PRUNED")]
+        rows[name] = {"config": describe_config(config), "candidates": len(counted) if chosen else 0,
+                      "test_onnx": evaluate_onnx(files[name], task, "test", threads=args.train_threads),
+                      "search_seconds": seconds, "search_cpu": cpu, "finetune_seconds": tune_seconds,
+                      "finetune_cpu": tune_cpu, "search_valid": chosen.values[0] if chosen else None}  # fmt: skip
+    latency = measure_interleaved(files, "ort-cpu", seq_len=task.model_fields()["max_len"], threads=2, repeats=30)
+    for name, row in rows.items():
+        row["latency_ms"] = latency[name].median_ms
+    return {"space": args.equal_cost_space, "rows": rows, "supernet_steps": args.ec_supernet_steps,
+            "trials": args.ec_trials, "proxy_steps": args.proxy_steps,
+            "finetune_steps": args.finetune_steps}  # fmt: skip
+
+
+def print_equal_cost(ec: dict, chance: float) -> None:
+    rows = ec["rows"]
+    ref_ms = rows["reference Transformer"]["latency_ms"]
+    print(f"Search quality at equal cost ({ec['space']} space): one-shot = supernet {ec['supernet_steps']} steps + "
+          f"{ec['trials']} candidates scored with its weights; standalone = candidates trained {ec['proxy_steps']} "
+          f"steps each for the same seconds; every model then trained {ec['finetune_steps']} steps (target: the "
+          "one-shot pick at least as accurate at no greater latency)")  # fmt: skip
+    print("| search | candidates | search wall / CPU min | pick | test accuracy (onnxruntime) | latency ms (ort-cpu) "
+          "| speedup | fine-tune steps, wall / CPU min |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
+    protocol = rows["one-shot (supernet)"]["search_cpu"] >= 2400 and rows["standalone search"]["search_cpu"] >= 2400
+    for name, r in rows.items():
+        search = "-" if not r["candidates"] else f"{r['search_seconds'] / 60:.1f} / {r['search_cpu'] / 60:.1f}"
+        print(f"| {name} | {r['candidates'] or '-'} | {search} | {r['config']} | {r['test_onnx']:.4f} | "
+              f"{r['latency_ms']:.2f} | {ref_ms / r['latency_ms']:.2f}x | {ec['finetune_steps']}, "
+              f"{r['finetune_seconds'] / 60:.1f} / {r['finetune_cpu'] / 60:.1f} |")  # fmt: skip
+    print(f"| majority class | - | - | - | {chance:.4f} | - | - | - |")
+    if not protocol:
+        print("SHORTER than the issue's protocol (>= 40 CPU minutes for each search)")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--max-len", type=int, default=512)
@@ -132,23 +252,48 @@ def main() -> int:
     p.add_argument("--spaces", default="default,per_layer")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--train-threads", type=int, default=2)
+    p.add_argument("--tables", default="ranking", help="ranking (with the cost table) and/or equal-cost")
+    p.add_argument("--equal-cost-space", default="default")
+    p.add_argument("--ec-supernet-steps", type=int, default=1500, help="the one-shot arm's supernet training")
+    p.add_argument("--ec-trials", type=int, default=300, help="candidates the one-shot arm scores")
+    p.add_argument("--finetune-steps", type=int, default=400, help="training of each pick and of the reference")
+    p.add_argument("--min-speedup", type=float, default=3.0, help="each pick this many times faster than the reference")
+    p.add_argument("--work", default="runs/bench-supernet", help="the equal-cost arms' supernet, studies and models")
     p.add_argument("--json", help="also write the results here")
     p.add_argument("--reuse", metavar="JSON", help="take the proxy and standalone figures of subnets an earlier "
                    "--json run trained with the same task and budgets (to vary only the supernet)")  # fmt: skip
     args = p.parse_args()
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(args.train_threads)
-    task = get_task("listops", n_train=args.n_train, n_valid=args.n_eval, n_test=args.n_eval, max_len=args.max_len,
-                    seed=args.seed)  # fmt: skip
-    protocol = args.max_len >= 512 and args.subnets >= 24 and args.standalone_steps >= 1000
+    tables = set(args.tables.split(","))
+    if tables - {"ranking", "equal-cost"}:
+        raise SystemExit(f"--tables: unknown {', '.join(sorted(tables - {'ranking', 'equal-cost'}))}")
+    task_options = {"n_train": args.n_train, "n_valid": args.n_eval, "n_test": args.n_eval, "max_len": args.max_len,
+                    "seed": args.seed}  # fmt: skip
+    task = get_task("listops", **task_options)
     print(f"ListOps at {args.max_len} tokens (train {args.n_train}, valid/test {args.n_eval}); chance (majority "
-          f"class): valid {task.chance('valid'):.4f}, test {task.chance('test'):.4f}; {args.subnets} subnets per "
-          f"space; supernet {args.supernet_steps} steps, proxy {args.proxy_steps}, standalone "
-          f"{args.standalone_steps} steps; lr {args.lr}; "
+          f"class): valid {task.chance('valid'):.4f}, test {task.chance('test'):.4f}; lr {args.lr}")  # fmt: skip
+    doc = {"args": vars(args), "chance_test": task.chance("test")}
+    if "equal-cost" in tables:
+        doc["equal_cost"] = equal_cost(task, task_options, args)
+        print()
+        print_equal_cost(doc["equal_cost"], task.chance("test"))
+    if "ranking" in tables:
+        doc["results"] = print_ranking(task, args)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(doc, f, indent=2)
+    return 0
+
+
+def print_ranking(task, args) -> list[dict]:
+    results = [run_space(name, task, args) for name in args.spaces.split(",")]
+    protocol = args.max_len >= 512 and args.subnets >= 24 and args.standalone_steps >= 1000
+    print()
+    print(f"{args.subnets} subnets per space; supernet {args.supernet_steps} steps, proxy {args.proxy_steps}, "
+          f"standalone {args.standalone_steps} steps; "
           + ("the issue's protocol" if protocol else "SMALLER than the issue's protocol (512 tokens, 24 subnets, "
              ">= 1,000 standalone steps)"))  # fmt: skip
-    results = [run_space(name, task, args) for name in args.spaces.split(",")]
-    print()
     print(
         "Ranking fidelity (Kendall tau-b against standalone test accuracy; target: inherited >= 0.6 and above "
         "the proxy)"
@@ -174,10 +319,7 @@ def main() -> int:
               f"{r['supernet_seconds']:.0f} s | {args.standalone_steps} steps, {r['standalone_s']:.0f} s "
               f"(supernet = {r['supernet_seconds'] / r['standalone_s']:.2f}x) | {r['score_s']:.2f} | "
               f"{60 / r['score_s']:.0f} |")  # fmt: skip
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump({"args": vars(args), "chance_test": task.chance("test"), "results": results}, f, indent=2)
-    return 0
+    return results
 
 
 if __name__ == "__main__":
