@@ -41,8 +41,21 @@ def prune_modes():
     return out
 
 
+def slices_own_parameters(name: str) -> bool:
+    """Whether pruning a variant's heads slices parameters of its own (a ``prune_head_params`` of its class)
+    beyond the q/k/v/out projections every variant shares."""
+    from xsearch.attention._base import Attention
+    from xsearch.attention._registry import attention_class
+
+    return attention_class(name).prune_head_params is not Attention.prune_head_params
+
+
 @pytest.mark.parametrize("name,causal", prune_modes())
 def test_prune_every_variant_saves_loads_and_exports(name, causal, task, tmp_path):
+    """Every variant prunes, saves and loads; the pruned model exports with parity where pruning sliced
+    something of the variant's own (the shared projections' export is covered by ``full``): an export is
+    about 8 s, and the rest of the variants' pruned graphs differ from the unpruned, exported in test_export,
+    only in the projections' widths."""
     model = model_for(task, name, causal)
     before = xsearch.count_parameters(model)
     prune(model, heads=0.5, ffn=0.5)
@@ -56,8 +69,9 @@ def test_prune_every_variant_saves_loads_and_exports(name, causal, task, tmp_pat
     xsearch.save_model(model, tmp_path / "m")
     loaded = xsearch.load_model(tmp_path / "m")
     torch.testing.assert_close(loaded(ids, mask), out, atol=0, rtol=0)
-    report = to_onnx(loaded, tmp_path / "m.onnx")
-    assert report.max_abs_diff <= 1e-4
+    if name == "full" or slices_own_parameters(name):
+        report = to_onnx(loaded, tmp_path / "m.onnx")
+        assert report.max_abs_diff <= 1e-4
 
 
 def test_pruning_keeps_the_most_important_heads_exactly(task):
