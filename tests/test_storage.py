@@ -94,3 +94,25 @@ def test_within_total_counts_lower_numbered_live_trials():
     # trial 5 has 3 live trials below it (0, 2, 4): it may run when the total is 4, not when it is 3
     assert within_total(trials, 5, 4) and not within_total(trials, 5, 3)
     assert within_total(trials, 2, 2) and not within_total(trials, 2, 1)
+
+
+def _open_at(args: tuple[str, float]) -> str:
+    url, start = args
+    while time.time() < start:  # every process opens the new database at the same instant
+        pass
+    try:
+        open_storage(url)
+        return "ok"
+    except ValueError as e:
+        return str(e)
+
+
+def test_workers_that_open_a_new_sqlite_database_together_all_get_it(tmp_path):
+    """SQLite reports a lost race to create the tables as "table ... already exists"; each worker must retry."""
+    import multiprocessing
+
+    for round_ in range(3):
+        url = f"sqlite:///{tmp_path}/race{round_}.db"
+        with multiprocessing.get_context("fork").Pool(6) as pool:
+            outcomes = pool.map(_open_at, [(url, time.time() + 0.5)] * 6)
+        assert outcomes == ["ok"] * 6

@@ -135,8 +135,11 @@ def _rdb_storage(url: str, engine_kwargs: dict | None, beat: dict, attempts: int
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
                 return RDBStorage(url, engine_kwargs=engine_kwargs, **beat)
-        except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError):
-            if attempt == attempts - 1:
+        except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError, sqlalchemy.exc.OperationalError) as e:
+            # SQLite reports the lost race as an OperationalError ("table ... already exists"); any other
+            # OperationalError (a wrong host, a locked file) is not a race and is raised at once
+            lost_race = not isinstance(e, sqlalchemy.exc.OperationalError) or "already exists" in str(e)
+            if not lost_race or attempt == attempts - 1:
                 raise
             time.sleep(0.2 + random.random())
     raise AssertionError("unreachable")
