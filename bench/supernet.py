@@ -12,6 +12,9 @@ For each space (``--spaces``, default ``default`` and ``per_layer``) on ListOps 
 
 Budgets are in steps (seconds are printed, and depend on the machine's load). The protocol of the supernet
 issue is ``--max-len 512 --subnets 24 --standalone-steps 1000`` (hours on 2 cores); smaller runs say so.
+Steps 3 and 4 do not depend on the supernet: ``--ledger`` keeps their figures as each subnet is measured, so
+they can be gathered over several sittings (``--truth-only --max-new N``) and a supernet ranked against them
+later.
 
 ``--tables equal-cost`` compares the two searches at equal cost instead, on ``--equal-cost-space``:
 
@@ -26,7 +29,7 @@ issue is ``--max-len 512 --subnets 24 --standalone-steps 1000`` (hours on 2 core
 
     python bench/supernet.py [--max-len 512] [--subnets 24] [--supernet-steps 3000] [--standalone-steps 1000]
                              [--proxy-steps 200] [--spaces default,per_layer] [--train-threads 2]
-                             [--json out.json] [--reuse earlier.json]
+                             [--json out.json] [--ledger runs/ranking.jsonl [--truth-only] [--max-new N]]
     python bench/supernet.py --tables equal-cost [--ec-supernet-steps 1500] [--ec-trials 300]
                              [--finetune-steps 400] [--work runs/bench-supernet]
 """
@@ -36,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import random
 import sys
 import time
@@ -77,49 +81,101 @@ def kendall_tau(x: list[float], y: list[float]) -> float:
     return (concordant - discordant) / denom if denom else float("nan")
 
 
+class Ledger:
+    """The proxy and standalone figures of each subnet, one JSON line each, appended as each is measured.
+
+    They depend only on the subnet, the task and the budgets (not on the supernet), and cost hours at the
+    issue's protocol: a ledger lets a run that is stopped, or spread over several sessions, keep what it
+    measured. Lines of other budgets are kept and ignored.
+    """
+
+    BUDGET = ("max_len", "n_train", "n_eval", "seed", "lr", "proxy_steps", "standalone_steps")
+
+    def __init__(self, path: str, args) -> None:
+        self.path, self.budget = Path(path), {k: getattr(args, k) for k in self.BUDGET}
+        self.rows: dict[tuple[str, str], dict] = {}
+        lines = self.path.read_text(encoding="utf-8").splitlines() if self.path.exists() else []
+        for n, line in enumerate(lines, 1):
+            try:
+                doc = json.loads(line)
+            except json.JSONDecodeError:  # a line cut by a kill: measured again
+                print(f"{self.path}:{n}: not a JSON line, ignored", file=sys.stderr)
+                continue
+            if doc["budget"] == self.budget:
+                self.rows[doc["space"], doc["row"]["config"]] = doc["row"]
+
+    def get(self, space: str, cfg) -> dict | None:
+        return self.rows.get((space, describe_config(cfg)))
+
+    def add(self, space: str, cfg, row: dict) -> None:
+        self.rows[space, row["config"]] = row
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(json.dumps({"space": space, "budget": self.budget, "machine": machine(), "model_config":
+                                cfg.to_dict(), "row": row}) + "\n")  # fmt: skip
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def machine() -> str:
+    """The CPU the figures were measured on (a ledger may gather rows of several sessions)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return f"{line.split(':', 1)[1].strip()}, {os.cpu_count()} cores, torch {torch.__version__}"
+    except OSError:
+        pass
+    return f"{os.cpu_count()} cores, torch {torch.__version__}"
+
+
 def run_space(name: str, task, args) -> dict:
     fields = task.model_fields()
     space = load_space_for_task(name, task)
     rng = random.Random(args.seed)
     subnets = [space.suggest(RandomDraw(rng), fields) for _ in range(args.subnets)]
 
+    ledger = Ledger(args.ledger, args) if args.ledger else None
+    truth_rows = []  # the proxy and standalone figures of each subnet: from the ledger, or trained now
+    for i, cfg in enumerate(subnets):
+        if ledger and (row := ledger.get(name, cfg)):
+            truth_rows.append(row)
+            continue
+        if args.max_new is not None and args.max_new <= 0:
+            break
+        t0 = time.perf_counter()
+        proxy = train_model(cfg, task, TrainSettings(steps=args.proxy_steps, lr=args.lr, seed=args.seed),
+                            progress=False)  # fmt: skip
+        proxy_valid = evaluate(proxy.model, task, "valid")
+        proxy_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        alone = train_model(cfg, task, TrainSettings(steps=args.standalone_steps, lr=args.lr, seed=args.seed),
+                            progress=False)  # fmt: skip
+        row = {"config": describe_config(cfg), "parameters": count_parameters(alone.model),
+               "proxy_valid": proxy_valid, "standalone_test": alone.test_metric, "proxy_s": proxy_s,
+               "standalone_s": time.perf_counter() - t0}  # fmt: skip
+        if ledger:
+            ledger.add(name, cfg, row)
+        if args.max_new is not None:
+            args.max_new -= 1
+        truth_rows.append(row)
+        print(f"  [{name} {i + 1}/{len(subnets)}] {row['config'][:70]:70s} proxy {proxy_valid:.3f}  standalone "
+              f"{alone.test_metric:.3f}  ({row['proxy_s'] + row['standalone_s']:.0f} s)", file=sys.stderr,
+              flush=True)  # fmt: skip
+    if len(truth_rows) < len(subnets) or args.truth_only:
+        print(f"  [{name}] standalone figures of {len(truth_rows)} of {len(subnets)} subnets"
+              + (f" in {args.ledger}" if ledger else ""), file=sys.stderr, flush=True)  # fmt: skip
+        return None
+
     sn = build_supernet(space, fields, seed=args.seed)
     start = time.perf_counter()
     record = train_supernet(sn, task, SupernetTrainSettings(steps=args.supernet_steps, lr=args.lr,
                                                             seed=args.seed), progress=False)  # fmt: skip
     supernet_s = time.perf_counter() - start
-
-    earlier = {}
-    if args.reuse:  # the proxy and standalone figures of an earlier run with the same subnets and budgets
-        with open(args.reuse, encoding="utf-8") as f:
-            doc = json.load(f)
-        same = ("max_len", "n_train", "n_eval", "seed", "lr", "proxy_steps", "standalone_steps")
-        differ = [k for k in same if doc["args"][k] != getattr(args, k)]
-        if differ:
-            raise SystemExit(f"--reuse {args.reuse}: another task or budget ({', '.join(differ)})")
-        earlier = {r["config"]: r for res in doc["results"] if res["space"] == name for r in res["rows"]}
     rows = []
-    for i, cfg in enumerate(subnets):
+    for cfg, row in zip(subnets, truth_rows):
         t0 = time.perf_counter()
         inherited = evaluate(extract_subnet(sn, cfg), task, "valid")
-        score_s = time.perf_counter() - t0
-        if describe_config(cfg) in earlier:
-            rows.append({**earlier[describe_config(cfg)], "inherited_valid": inherited, "score_s": score_s})
-            print(f"  [{name} {i + 1}/{len(subnets)}] {rows[-1]['config'][:70]:70s} inherited {inherited:.3f}  "
-                  "(proxy and standalone from --reuse)", file=sys.stderr, flush=True)  # fmt: skip
-            continue
-        proxy = train_model(cfg, task, TrainSettings(steps=args.proxy_steps, lr=args.lr, seed=args.seed),
-                            progress=False)  # fmt: skip
-        proxy_valid = evaluate(proxy.model, task, "valid")
-        t0 = time.perf_counter()
-        alone = train_model(cfg, task, TrainSettings(steps=args.standalone_steps, lr=args.lr, seed=args.seed),
-                            progress=False)  # fmt: skip
-        alone_s = time.perf_counter() - t0
-        rows.append({"config": describe_config(cfg), "parameters": count_parameters(alone.model),
-                     "inherited_valid": inherited, "proxy_valid": proxy_valid, "standalone_test": alone.test_metric,
-                     "score_s": score_s, "standalone_s": alone_s})  # fmt: skip
-        print(f"  [{name} {i + 1}/{len(subnets)}] {rows[-1]['config'][:70]:70s} inherited {inherited:.3f}  proxy "
-              f"{proxy_valid:.3f}  standalone {alone.test_metric:.3f}", file=sys.stderr, flush=True)  # fmt: skip
+        rows.append({**row, "inherited_valid": inherited, "score_s": time.perf_counter() - t0})
     truth = [r["standalone_test"] for r in rows]
     return {
         "space": name, "subnets": len(rows), "rows": rows, "supernet_steps": record["steps"],
@@ -255,8 +311,11 @@ def main() -> int:
     p.add_argument("--min-speedup", type=float, default=3.0, help="each pick this many times faster than the reference")
     p.add_argument("--work", default="runs/bench-supernet", help="the equal-cost arms' supernet, studies and models")
     p.add_argument("--json", help="also write the results here")
-    p.add_argument("--reuse", metavar="JSON", help="take the proxy and standalone figures of subnets an earlier "
-                   "--json run trained with the same task and budgets (to vary only the supernet)")  # fmt: skip
+    p.add_argument("--ledger", metavar="JSONL", help="keep each subnet's proxy and standalone figures here as "
+                   "they are measured, and take those it holds (a stopped run resumes)")  # fmt: skip
+    p.add_argument("--truth-only", action="store_true", help="measure the proxy and standalone figures only "
+                   "(no supernet): with --ledger, the protocol's hours in as many sittings as it takes")  # fmt: skip
+    p.add_argument("--max-new", type=int, help="train at most this many subnets not in the ledger, then stop")
     args = p.parse_args()
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(args.train_threads)
@@ -282,7 +341,12 @@ def main() -> int:
 
 
 def print_ranking(task, args) -> list[dict]:
-    results = [run_space(name, task, args) for name in args.spaces.split(",")]
+    measured = {name: run_space(name, task, args) for name in args.spaces.split(",")}
+    if missing := [name for name, r in measured.items() if r is None]:
+        print(f"no ranking table yet: the standalone figures of the {', '.join(missing)} space are not all measured"
+              + (f" (see {args.ledger})" if args.ledger else ""))  # fmt: skip
+        return []
+    results = list(measured.values())
     protocol = args.max_len >= 512 and args.subnets >= 24 and args.standalone_steps >= 1000
     print()
     print(f"{args.subnets} subnets per space; supernet {args.supernet_steps} steps, proxy {args.proxy_steps}, "
