@@ -2,7 +2,9 @@
 
 For each space (``--spaces``, default ``default`` and ``per_layer``) on ListOps at ``--max-len`` tokens:
 
-1. a supernet over the space is trained for ``--supernet-steps`` steps (one uniformly drawn subnet per step);
+1. a supernet over the space is trained for ``--supernet-steps`` subnet passes, one per step drawn uniformly
+   (``--sampling uniform``) and/or, with ``--sampling sandwich``, the sandwich rule's 2 + ``--sandwich-random``
+   subnets a step (fewer steps, the same passes);
 2. ``--subnets`` subnets are drawn uniformly (seeded); each is scored on the validation split with its
    inherited weights (no training): the one-shot search's signal;
 3. each is trained from scratch for ``--proxy-steps`` steps (the standalone search's per-trial budget, 200 by
@@ -29,6 +31,7 @@ later.
 
     python bench/supernet.py [--max-len 512] [--subnets 24] [--supernet-steps 3000] [--standalone-steps 1000]
                              [--proxy-steps 200] [--spaces default,per_layer] [--train-threads 2]
+                             [--sampling uniform,sandwich] [--sandwich-random 2]
                              [--json out.json] [--ledger runs/ranking.jsonl [--truth-only] [--max-new N]]
     python bench/supernet.py --tables equal-cost [--ec-supernet-steps 1500] [--ec-trials 300]
                              [--finetune-steps 400] [--work runs/bench-supernet]
@@ -128,7 +131,7 @@ def machine() -> str:
     return f"{os.cpu_count()} cores, torch {torch.__version__}"
 
 
-def run_space(name: str, task, args) -> dict:
+def run_space(name: str, task, args) -> list[dict] | None:
     fields = task.model_fields()
     space = load_space_for_task(name, task)
     rng = random.Random(args.seed)
@@ -166,10 +169,22 @@ def run_space(name: str, task, args) -> dict:
               + (f" in {args.ledger}" if ledger else ""), file=sys.stderr, flush=True)  # fmt: skip
         return None
 
+    return [score_with_supernet(space, fields, subnets, truth_rows, task, rule, args)
+            for rule in args.sampling.split(",")]  # fmt: skip
+
+
+def score_with_supernet(space, fields, subnets, truth_rows, task, rule: str, args) -> dict:
+    """Train a supernet over ``space`` with the sampling rule ``rule`` and rank ``subnets`` by inherited weights.
+
+    The sandwich rule trains 2 + ``--sandwich-random`` subnets a step: it gets ``--supernet-steps`` divided by
+    that many steps, the same number of subnet passes as uniform sampling (its seconds are printed beside).
+    """
+    per_step = 1 if rule == "uniform" else 2 + args.sandwich_random
     sn = build_supernet(space, fields, seed=args.seed)
     start = time.perf_counter()
-    record = train_supernet(sn, task, SupernetTrainSettings(steps=args.supernet_steps, lr=args.lr,
-                                                            seed=args.seed), progress=False)  # fmt: skip
+    settings = SupernetTrainSettings(steps=max(1, args.supernet_steps // per_step), lr=args.lr, seed=args.seed,
+                                     sampling=rule, sandwich_random=args.sandwich_random)  # fmt: skip
+    record = train_supernet(sn, task, settings, progress=False)
     supernet_s = time.perf_counter() - start
     rows = []
     for cfg, row in zip(subnets, truth_rows):
@@ -178,8 +193,9 @@ def run_space(name: str, task, args) -> dict:
         rows.append({**row, "inherited_valid": inherited, "score_s": time.perf_counter() - t0})
     truth = [r["standalone_test"] for r in rows]
     return {
-        "space": name, "subnets": len(rows), "rows": rows, "supernet_steps": record["steps"],
-        "supernet_seconds": supernet_s, "supernet_parameters": sn.n_parameters(),
+        "space": space.name, "sampling": rule, "subnets": len(rows), "rows": rows, "supernet_steps": record["steps"],
+        "subnet_passes": record["subnet_passes"], "supernet_seconds": supernet_s,
+        "supernet_parameters": sn.n_parameters(),
         "tau_inherited": kendall_tau([r["inherited_valid"] for r in rows], truth),
         "tau_proxy": kendall_tau([r["proxy_valid"] for r in rows], truth),
         "score_s": sum(r["score_s"] for r in rows) / len(rows),
@@ -301,6 +317,9 @@ def main() -> int:
     p.add_argument("--proxy-steps", type=int, default=200)
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--spaces", default="default,per_layer")
+    p.add_argument("--sampling", default="uniform", help="the supernet's sampling rules to rank with, comma-separated "
+                   "(uniform, sandwich): one supernet each, at the same number of subnet passes")  # fmt: skip
+    p.add_argument("--sandwich-random", type=int, default=2, help="the sandwich rule's uniform draws per step")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--train-threads", type=int, default=2)
     p.add_argument("--tables", default="ranking", help="ranking (with the cost table) and/or equal-cost")
@@ -346,7 +365,7 @@ def print_ranking(task, args) -> list[dict]:
         print(f"no ranking table yet: the standalone figures of the {', '.join(missing)} space are not all measured"
               + (f" (see {args.ledger})" if args.ledger else ""))  # fmt: skip
         return []
-    results = list(measured.values())
+    results = [r for rules in measured.values() for r in rules]
     protocol = args.max_len >= 512 and args.subnets >= 24 and args.standalone_steps >= 1000
     print()
     print(f"{args.subnets} subnets per space; supernet {args.supernet_steps} steps, proxy {args.proxy_steps}, "
@@ -358,23 +377,24 @@ def print_ranking(task, args) -> list[dict]:
         "the proxy)"
     )
     print(
-        "| space | subnets | tau inherited (supernet) | tau proxy (from scratch, "
+        "| space | sampling | subnets | tau inherited (supernet) | tau proxy (from scratch, "
         f"{args.proxy_steps} steps) | standalone test of the pick by inherited / by proxy / best | chance |"
     )
-    print("|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|")
     for r in results:
-        print(f"| {r['space']} | {r['subnets']} | {r['tau_inherited']:.3f} | {r['tau_proxy']:.3f} | "
+        print(f"| {r['space']} | {r['sampling']} | {r['subnets']} | {r['tau_inherited']:.3f} | {r['tau_proxy']:.3f} | "
               f"{r['best_by_inherited']:.4f} / {r['best_by_proxy']:.4f} / {r['best']:.4f} | "
               f"{task.chance('test'):.4f} |")  # fmt: skip
     print()
     print("Cost")
     print(
-        "| space | supernet parameters | supernet training | one standalone model (mean) | "
+        "| space | sampling | supernet parameters | supernet training | one standalone model (mean) | "
         "seconds per scored candidate | candidates per minute |"
     )
-    print("|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|")
     for r in results:
-        print(f"| {r['space']} | {r['supernet_parameters']:,} | {r['supernet_steps']} steps, "
+        print(f"| {r['space']} | {r['sampling']} | {r['supernet_parameters']:,} | {r['supernet_steps']} steps "
+              f"({r['subnet_passes']} subnet passes), "
               f"{r['supernet_seconds']:.0f} s | {args.standalone_steps} steps, {r['standalone_s']:.0f} s "
               f"(supernet = {r['supernet_seconds'] / r['standalone_s']:.2f}x) | {r['score_s']:.2f} | "
               f"{60 / r['score_s']:.0f} |")  # fmt: skip

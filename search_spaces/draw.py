@@ -42,3 +42,38 @@ class RandomDraw:
     def _keep(self, name: str, value: Any) -> Any:
         self.params[name] = value
         return value
+
+
+class BoundaryDraw(RandomDraw):
+    """The largest (``end="max"``) or the smallest (``end="min"``) configuration of a space, for the sandwich rule.
+
+    Every numeric value (a range, or a list of numbers) takes its top or its bottom. A list of other values
+    (attention variants, weight-sharing modes, flags) has no order: it takes ``prefer[name]`` when given and
+    offered (matched on the last part of the Optuna name, so ``attention`` also names ``layers.2.attention``),
+    else a uniform draw from ``rng``.
+    """
+
+    def __init__(self, rng: random.Random, end: str, prefer: dict[str, Any] | None = None) -> None:
+        if end not in ("max", "min"):
+            raise ValueError(f"end must be 'max' or 'min', got {end!r}")
+        super().__init__(rng)
+        self.end = end
+        self.prefer = dict(prefer or {})
+
+    def suggest_categorical(self, name: str, choices: list[Any]) -> Any:
+        choices = list(choices)
+        if all(isinstance(c, (int, float)) and not isinstance(c, bool) for c in choices):
+            return self._keep(name, max(choices) if self.end == "max" else min(choices))
+        wanted = self.prefer.get(name.rsplit(".", 1)[-1])
+        if wanted is not None and wanted in choices:
+            return self._keep(name, wanted)
+        return super().suggest_categorical(name, choices)
+
+    def suggest_int(self, name: str, low: int, high: int, step: int = 1, log: bool = False) -> int:
+        top = low + (high - low) // step * step
+        return self._keep(name, top if self.end == "max" else low)
+
+    def suggest_float(self, name: str, low: float, high: float, step: float | None = None, log: bool = False) -> float:
+        if self.end == "min":
+            return self._keep(name, low)
+        return self._keep(name, low + int((high - low) / step) * step if step else high)

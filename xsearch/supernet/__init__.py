@@ -18,7 +18,7 @@ _LAZY = by_module(
         "xsearch.supernet.supertransformer": "SuperTransformer SubnetMismatchError build_supernet extract_subnet",
         "xsearch.supernet.io": "save_supernet load_supernet check_matches",
         "xsearch.supernet.settings": "SupernetTrainSettings",
-        "xsearch.supernet.train": "train_supernet draw_subnet",
+        "xsearch.supernet.train": "train_supernet draw_subnets sandwich_loss",
     }
 )
 __all__ = sorted(_LAZY)

@@ -9,7 +9,7 @@ from typing import ClassVar
 from xsearch.settings import Settings, option, same_as
 from xsearch.training.settings import TrainSettings
 
-SAMPLING = ("uniform",)
+SAMPLING = ("uniform", "sandwich")
 
 
 @dataclass
@@ -26,7 +26,10 @@ class SupernetTrainSettings(Settings):
     weight_decay: float = same_as(TrainSettings, "weight_decay")
     grad_clip: float = same_as(TrainSettings, "grad_clip")
     seed: int = same_as(TrainSettings, "seed", help="seeds the initial weights, the subnet draws and the batch order")
-    sampling: str = option("uniform", "which subnet each step trains", choices=SAMPLING)
+    sampling: str = option("uniform", "which subnets each step trains: uniform (one drawn uniformly, as HAT) or "
+                           "sandwich (the largest on the labels; the smallest and --sandwich-random uniform draws "
+                           "distilled from it, as BigNAS)", choices=SAMPLING)  # fmt: skip
+    sandwich_random: int = option(2, "the sandwich rule's uniformly drawn subnets per step", ge=0)
     checkpoint_every: int = option(200, "steps between checkpoints (a killed run resumes from the last)", ge=1)
 
     rules = TrainSettings.rules  # exactly one budget

@@ -1,5 +1,7 @@
-"""Training a supernet: each step trains one subnet drawn uniformly from the space (as HAT does), with
-checkpoints that a killed run resumes from exactly (same draws, same batches, same optimizer state)."""
+"""Training a supernet: each step trains one subnet drawn uniformly from the space (as HAT does), or, with the
+sandwich rule (BigNAS), the largest subnet on the labels and the smallest and a few uniform draws distilled from
+it in place; with checkpoints that a killed run resumes from exactly (same draws, same batches, same optimizer
+state)."""
 
 from __future__ import annotations
 
@@ -19,11 +21,43 @@ STATE_FILE = "training.json"
 CHECKPOINT_FILE = "checkpoint.safetensors"
 
 
-def draw_subnet(space, task_fields: dict[str, Any], seed: int, step: int):
-    """The subnet step ``step`` trains (a function of the seed and the step alone, so a resumed run draws the same)."""
-    from xsearch.search_spaces import RandomDraw
+def draw_subnets(space, task_fields: dict[str, Any], seed: int, step: int, sampling: str = "uniform",
+                 n_random: int = 2) -> list:  # fmt: skip
+    """The subnets step ``step`` trains, a function of the seed and the step alone (a resumed run draws the same).
 
-    return space.suggest(RandomDraw(random.Random(seed * 1_000_003 + step)), task_fields)
+    ``uniform``: one subnet drawn uniformly. ``sandwich``: the largest subnet first (every number of the space
+    at its top, the reference's attention and weight sharing), then the smallest (every number at its bottom,
+    the attention drawn) and ``n_random`` uniform draws.
+    """
+    from xsearch.search_spaces import BoundaryDraw, RandomDraw
+
+    rng = random.Random(seed * 1_000_003 + step)
+    if sampling == "uniform":
+        return [space.suggest(RandomDraw(rng), task_fields)]
+    if sampling != "sandwich":
+        raise ValueError(f"unknown sampling rule {sampling!r} (valid: uniform, sandwich)")
+    prefer = {"attention": space.reference.get("attention", "full"),
+              "weight_sharing": space.reference.get("weight_sharing", "none")}  # fmt: skip
+    largest = space.suggest(BoundaryDraw(rng, "max", prefer), task_fields)
+    smallest = space.suggest(BoundaryDraw(rng, "min"), task_fields)
+    return [largest, smallest, *(space.suggest(RandomDraw(rng), task_fields) for _ in range(n_random))]
+
+
+def sandwich_loss(sn, subnets: list, ids, mask, labels):
+    """The mean of the first subnet's cross-entropy and each other subnet's KL divergence to the first's
+    predictions (detached: in-place distillation, the largest subnet teaching the others)."""
+    import torch
+
+    from xsearch.compress.distill import distill_loss
+    from xsearch.training.loop import logits_loss
+
+    teacher = sn.bind(subnets[0])(ids, mask)
+    soft = teacher.detach()
+    losses = [logits_loss(teacher, mask, labels)]
+    for subnet in subnets[1:]:
+        student = sn.bind(subnet)(ids, mask)
+        losses.append(distill_loss(student, soft, labels, mask, temperature=1.0, alpha=1.0))
+    return torch.stack(losses).mean()
 
 
 def _save_checkpoint(sn, opt, out: Path, state: dict[str, Any]) -> None:
@@ -58,12 +92,13 @@ def _restore(sn, opt, tensors: dict[str, Any]) -> None:
 
 def train_supernet(sn, task, settings: SupernetTrainSettings, *, out: str | os.PathLike | None = None,
                    progress: bool | None = None) -> dict[str, Any]:  # fmt: skip
-    """Train ``sn`` on ``task``: each step one subnet drawn uniformly (``draw_subnet``), AdamW with warmup and
-    cosine decay, gradient clipping. With ``out``, checkpoints go there every ``checkpoint_every`` steps and at
-    the end, and a run that finds a checkpoint of the same settings there resumes from it.
+    """Train ``sn`` on ``task``: each step the subnets of ``settings.sampling`` (``draw_subnets``; with the
+    sandwich rule, ``sandwich_loss``), AdamW with warmup and cosine decay, gradient clipping. With ``out``,
+    checkpoints go there every ``checkpoint_every`` steps and at the end, and a run that finds a checkpoint of
+    the same settings there resumes from it.
 
     Returns:
-        The training record: steps, seconds, final loss, the reference subnet's validation metric.
+        The training record: steps, subnet passes, seconds, final loss, the reference subnet's validation metric.
     """
     import torch
 
@@ -99,17 +134,23 @@ def train_supernet(sn, task, settings: SupernetTrainSettings, *, out: str | os.P
     reference = sn.space.reference_config(fields)
 
     def state_now(done: bool) -> dict[str, Any]:
-        return {"settings": recipe, "steps": loop.step, "seconds": round(loop.elapsed, 2),
+        per_step = 1 if settings.sampling == "uniform" else 2 + settings.sandwich_random
+        return {"settings": recipe, "steps": loop.step, "subnet_passes": loop.step * per_step,
+                "seconds": round(loop.elapsed, 2),
                 "loss_window": loop.window, "done": done, "task": task.describe(), "space": sn.space.to_yaml(),
                 "task_fields": sn.task_fields}  # fmt: skip
 
     sn.train()
     with loop:
         for step in loop:
-            subnet = draw_subnet(sn.space, fields, settings.seed, step)
+            subnets = draw_subnets(sn.space, fields, settings.seed, step, settings.sampling,
+                                   settings.sandwich_random)  # fmt: skip
             ids, mask, labels = next(batches)
             torch.manual_seed(settings.seed * 1_000_003 + step)  # dropout, and any variant's own draws
-            loop.update(task_loss(sn.bind(subnet), ids, mask, labels))
+            if len(subnets) == 1:
+                loop.update(task_loss(sn.bind(subnets[0]), ids, mask, labels))
+            else:
+                loop.update(sandwich_loss(sn, subnets, ids, mask, labels))
             if out is not None and loop.step % settings.checkpoint_every == 0:
                 _save_checkpoint(sn, opt, out, state_now(False))
     sn.eval()

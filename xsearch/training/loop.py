@@ -51,7 +51,11 @@ def task_loss(
     model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, labels: torch.Tensor, label_smoothing: float = 0.0
 ) -> torch.Tensor:
     """Cross-entropy of ``model`` on one batch (per class, or per next token over real positions)."""
-    logits = model(ids, mask)
+    return logits_loss(model(ids, mask), mask, labels, label_smoothing)
+
+
+def logits_loss(logits: torch.Tensor, mask: torch.Tensor, labels: torch.Tensor, label_smoothing: float = 0.0):
+    """Cross-entropy of a batch's logits: ``(B, C)`` per class, or ``(B, N, V)`` per next token over real positions."""
     if logits.dim() == 3:  # lm: (B, N, V)
         return F.cross_entropy(logits[mask], labels[mask], label_smoothing=label_smoothing)
     return F.cross_entropy(logits, labels, label_smoothing=label_smoothing)

@@ -1,0 +1,97 @@
+"""The supernet's sampling rules: the sandwich rule's largest and smallest subnets, its in-place distillation,
+and a sandwich training that resumes exactly."""
+
+import pytest
+import torch
+
+from tests.conftest import MAX_LEN
+from xsearch.search_spaces import load_space
+from xsearch.supernet import build_supernet, draw_subnets, sandwich_loss, train_supernet
+from xsearch.supernet.settings import SupernetTrainSettings
+from xsearch.tasks import get_task
+from xsearch.training.loop import task_loss
+
+FIELDS = {"vocab_size": 20, "max_len": 512, "head": "classify", "n_classes": 10}
+
+
+@pytest.mark.parametrize("name", ["default", "per_layer"])
+def test_the_sandwich_draws_the_largest_the_smallest_and_uniform_subnets(name):
+    space = load_space(name, max_len=512)
+    for step in range(5):
+        largest, smallest, *rest = draw_subnets(space, FIELDS, 0, step, "sandwich", n_random=3)
+        assert len(rest) == 3
+        assert (largest.d_model, largest.n_layers) == (256, 4)
+        assert (smallest.d_model, smallest.n_layers) == (64, 1)
+        for layer in largest.layer_configs():
+            assert (layer["attention"], layer["n_heads"], layer["d_ff"]) == ("full", 8, 1024)
+        assert smallest.layer_configs()[0]["n_heads"] == 2 and smallest.layer_configs()[0]["d_ff"] == 64
+        if name == "default":
+            assert largest.weight_sharing == "none"
+        # the smallest subnet takes each numeric parameter of its (drawn) variant at its bottom
+        bottoms = {p: min(d.values()) for p, d in space.attention[smallest.attention].items()
+                   if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in d.values())}  # fmt: skip
+        assert all(smallest.attention_params[p] == v for p, v in bottoms.items())
+    # the same seed and step draw the same subnets (a resumed run trains what the killed one would have)
+    assert draws_described(space, 7) == draws_described(space, 7) != draws_described(space, 8)
+    # the smallest's attention is drawn, so the sandwich trains every variant's smallest size over the steps
+    assert len({draw_subnets(space, FIELDS, 0, s, "sandwich")[1].attention for s in range(40)}) > 5
+    with pytest.raises(ValueError, match="unknown sampling rule 'greedy'"):
+        draw_subnets(space, FIELDS, 0, 0, "greedy")
+
+
+def draws_described(space, step):
+    return [c.to_dict() for c in draw_subnets(space, FIELDS, 0, step, "sandwich")]
+
+
+def test_sandwich_loss_is_the_teachers_cross_entropy_plus_the_students_kl_to_its_detached_predictions():
+    space = load_space("tiny", max_len=MAX_LEN)
+    fields = {**FIELDS, "max_len": MAX_LEN, "n_classes": 5}
+    sn = build_supernet(space, fields, seed=1).eval()
+    g = torch.Generator().manual_seed(0)
+    ids, mask = torch.randint(1, 20, (4, MAX_LEN), generator=g), torch.ones(4, MAX_LEN, dtype=torch.bool)
+    labels = torch.randint(0, 5, (4,), generator=g)
+    big, small, *_ = draw_subnets(space, fields, 0, 0, "sandwich")
+
+    # a subnet distilled from itself adds nothing: no loss, and no gradient (the teacher's side is detached)
+    ce = task_loss(sn.bind(big), ids, mask, labels)
+    (grad_ce,) = torch.autograd.grad(ce, [sn.tensor("embed.weight")])
+    same = sandwich_loss(sn, [big, big], ids, mask, labels)
+    (grad_same,) = torch.autograd.grad(same, [sn.tensor("embed.weight")])
+    torch.testing.assert_close(same, ce / 2)
+    torch.testing.assert_close(grad_same, grad_ce / 2)
+
+    # a student: its KL to the teacher's probabilities
+    t = sn(ids, mask, subnet=big).log_softmax(-1)
+    s = sn(ids, mask, subnet=small).log_softmax(-1)
+    kl = (t.exp() * (t - s)).sum(-1).mean()
+    torch.testing.assert_close(sandwich_loss(sn, [big, small], ids, mask, labels), (ce + kl) / 2)
+
+
+def test_sandwich_training_resumes_exactly_and_counts_its_subnet_passes(tmp_path, monkeypatch):
+    import xsearch.supernet.train as training
+
+    task = get_task("listops", n_train=64, n_valid=16, n_test=16, min_len=8, max_len=32)
+    space = load_space("tiny", max_len=32)
+    settings = SupernetTrainSettings(steps=6, lr=3e-3, batch_size=8, sampling="sandwich", sandwich_random=1,
+                                     checkpoint_every=3)  # fmt: skip
+    whole = build_supernet(space, task.model_fields())
+    record = train_supernet(whole, task, settings, progress=False)
+    assert record["steps"] == 6 and record["subnet_passes"] == 18
+
+    calls, real = [], training.sandwich_loss
+
+    def dies_at_the_fifth_step(*args):
+        calls.append(1)
+        if len(calls) == 5:
+            raise RuntimeError("killed")
+        return real(*args)
+
+    monkeypatch.setattr(training, "sandwich_loss", dies_at_the_fifth_step)
+    with pytest.raises(RuntimeError, match="killed"):
+        train_supernet(build_supernet(space, task.model_fields()), task, settings, out=tmp_path, progress=False)
+    monkeypatch.setattr(training, "sandwich_loss", real)
+    resumed = build_supernet(space, task.model_fields())
+    again = train_supernet(resumed, task, settings, out=tmp_path, progress=False)
+    assert again["steps"] == 6 and again["final_loss"] == pytest.approx(record["final_loss"], abs=1e-6)
+    for name in whole.shapes:
+        torch.testing.assert_close(resumed.tensor(name), whole.tensor(name), atol=1e-6, rtol=0)
