@@ -13,7 +13,14 @@ For each space (``--spaces``, default ``default`` and ``per_layer``) on ListOps 
    ground truth both signals are ranked against (Kendall tau-b; the chance level is printed beside).
 
 Budgets are in steps (seconds are printed, and depend on the machine's load). The protocol of the supernet
-issue is ``--max-len 512 --subnets 24 --standalone-steps 1000`` (hours on 2 cores); smaller runs say so.
+issue is ``--max-len 512 --subnets 24 --standalone-steps 1000`` (hours on 2 cores); smaller runs say so. Run it
+with ``--n-train 32000 --n-eval 2000``: a 2,000-example test split (LRA's size) has a sampling noise of about
+1.1 points at 35% accuracy, where 500 examples have 2.1, enough alone to cap the tau a ranking can show; and
+1,000 steps of 32 examples then see each training example once. The ledger of that run is
+``bench/results/supernet-ranking-listops512.jsonl``:
+
+    python bench/supernet.py --max-len 512 --n-train 32000 --n-eval 2000 --truth-only \
+        --ledger bench/results/supernet-ranking-listops512.jsonl [--max-new N]
 Steps 3 and 4 do not depend on the supernet: ``--ledger`` keeps their figures as each subnet is measured, so
 they can be gathered over several sittings (``--truth-only --max-new N``) and a supernet ranked against them
 later.
@@ -32,7 +39,7 @@ later.
     python bench/supernet.py [--max-len 512] [--subnets 24] [--supernet-steps 3000] [--standalone-steps 1000]
                              [--proxy-steps 200] [--spaces default,per_layer] [--train-threads 2]
                              [--sampling uniform,sandwich] [--sandwich-random 2]
-                             [--json out.json] [--ledger runs/ranking.jsonl [--truth-only] [--max-new N]]
+                             [--json out.json] [--ledger runs/ranking.jsonl [--truth-only] [--max-new N] [--only I,J]]
     python bench/supernet.py --tables equal-cost [--ec-supernet-steps 1500] [--ec-trials 300]
                              [--finetune-steps 400] [--work runs/bench-supernet]
 """
@@ -145,6 +152,8 @@ def run_space(name: str, task, args) -> list[dict] | None:
             continue
         if args.max_new is not None and args.max_new <= 0:
             break
+        if args.only and i + 1 not in args.only:
+            continue
         t0 = time.perf_counter()
         proxy = train_model(cfg, task, TrainSettings(steps=args.proxy_steps, lr=args.lr, seed=args.seed),
                             progress=False)  # fmt: skip
@@ -335,6 +344,9 @@ def main() -> int:
     p.add_argument("--truth-only", action="store_true", help="measure the proxy and standalone figures only "
                    "(no supernet): with --ledger, the protocol's hours in as many sittings as it takes")  # fmt: skip
     p.add_argument("--max-new", type=int, help="train at most this many subnets not in the ledger, then stop")
+    p.add_argument("--only", type=lambda v: {int(i) for i in v.split(",")}, metavar="I,J,...",
+                   help="train only these of each space's subnets (numbered from 1) now; the others are taken "
+                   "from the ledger or left for another sitting (to fit a sitting's time)")  # fmt: skip
     args = p.parse_args()
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(args.train_threads)
