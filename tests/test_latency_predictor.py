@@ -348,8 +348,11 @@ def test_measure_undisturbed_sets_aside_runs_slowed_by_another_process():
     try:
         os.sched_setaffinity(0, {cpu})
         time.sleep(0.2)
-        stats, disturbed = measure_undisturbed(model, "torch-cpu", seq_len=512, threads=1, warmup=1, repeats=4,
-                                               patience=0.5)  # fmt: skip
+        for _ in range(3):  # the scheduler decides when the hog runs: a loaded machine can spare a whole call
+            stats, disturbed = measure_undisturbed(model, "torch-cpu", seq_len=512, threads=1, warmup=1, repeats=4,
+                                                   patience=0.5)  # fmt: skip
+            if disturbed:
+                break
     finally:
         hog.kill()
         hog.wait()
