@@ -21,6 +21,7 @@ with ``--n-train 32000 --n-eval 2000``: a 2,000-example test split (LRA's size) 
 
     python bench/supernet.py --max-len 512 --n-train 32000 --n-eval 2000 --truth-only \
         --ledger bench/results/supernet-ranking-listops512.jsonl [--max-new N]
+
 Steps 3 and 4 do not depend on the supernet: ``--ledger`` keeps their figures as each subnet is measured, so
 they can be gathered over several sittings (``--truth-only --max-new N``) and a supernet ranked against them
 later.
@@ -47,6 +48,7 @@ later.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -112,7 +114,7 @@ class Ledger:
                 print(f"{self.path}:{n}: not a JSON line, ignored", file=sys.stderr)
                 continue
             if doc["budget"] == self.budget:
-                self.rows[doc["space"], doc["row"]["config"]] = doc["row"]
+                self.rows[doc["space"], doc["row"]["config"]] = {**doc["row"], "machine": doc.get("machine")}
 
     def get(self, space: str, cfg) -> dict | None:
         return self.rows.get((space, describe_config(cfg)))
@@ -128,14 +130,20 @@ class Ledger:
 
 
 def machine() -> str:
-    """The CPU the figures were measured on (a ledger may gather rows of several sessions)."""
+    """The CPU the figures were measured on (a ledger may gather rows of several sessions), and the threads.
+
+    Seconds are comparable only between rows of one machine and thread count: two 1-thread runs side by side
+    (``--train-threads 1``, disjoint ``--only`` sets) measure about 1.3x more rows an hour on 2 cores than one
+    2-thread run, each row's seconds longer.
+    """
+    threads = f"{torch.get_num_threads()} torch threads, torch {torch.__version__}"
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
-                return f"{line.split(':', 1)[1].strip()}, {os.cpu_count()} cores, torch {torch.__version__}"
+                return f"{line.split(':', 1)[1].strip()}, {os.cpu_count()} cores, {threads}"
     except OSError:
         pass
-    return f"{os.cpu_count()} cores, torch {torch.__version__}"
+    return f"{os.cpu_count()} cores, {threads}"
 
 
 def run_space(name: str, task, args) -> list[dict] | None:
@@ -169,7 +177,7 @@ def run_space(name: str, task, args) -> list[dict] | None:
             ledger.add(name, cfg, row)
         if args.max_new is not None:
             args.max_new -= 1
-        truth_rows.append(row)
+        truth_rows.append({**row, "machine": machine()})
         print(f"  [{name} {i + 1}/{len(subnets)}] {row['config'][:70]:70s} proxy {proxy_valid:.3f}  standalone "
               f"{alone.test_metric:.3f}  ({row['proxy_s'] + row['standalone_s']:.0f} s)", file=sys.stderr,
               flush=True)  # fmt: skip
@@ -188,11 +196,11 @@ def score_with_supernet(space, fields, subnets, truth_rows, task, rule: str, arg
     The sandwich rule trains 2 + ``--sandwich-random`` subnets a step: it gets ``--supernet-steps`` divided by
     that many steps, the same number of subnet passes as uniform sampling (its seconds are printed beside).
     """
-    per_step = 1 if rule == "uniform" else 2 + args.sandwich_random
     sn = build_supernet(space, fields, seed=args.seed)
     start = time.perf_counter()
-    settings = SupernetTrainSettings(steps=max(1, args.supernet_steps // per_step), lr=args.lr, seed=args.seed,
-                                     sampling=rule, sandwich_random=args.sandwich_random)  # fmt: skip
+    settings = SupernetTrainSettings(steps=1, lr=args.lr, seed=args.seed, sampling=rule,
+                                     sandwich_random=args.sandwich_random)  # fmt: skip
+    settings = dataclasses.replace(settings, steps=max(1, args.supernet_steps // settings.subnets_per_step))
     record = train_supernet(sn, task, settings, progress=False)
     supernet_s = time.perf_counter() - start
     rows = []
@@ -201,6 +209,7 @@ def score_with_supernet(space, fields, subnets, truth_rows, task, rule: str, arg
         inherited = evaluate(extract_subnet(sn, cfg), task, "valid")
         rows.append({**row, "inherited_valid": inherited, "score_s": time.perf_counter() - t0})
     truth = [r["standalone_test"] for r in rows]
+    alike = [r for r in rows if r.get("machine") == machine()]
     return {
         "space": space.name, "sampling": rule, "subnets": len(rows), "rows": rows, "supernet_steps": record["steps"],
         "subnet_passes": record["subnet_passes"], "supernet_seconds": supernet_s,
@@ -208,7 +217,9 @@ def score_with_supernet(space, fields, subnets, truth_rows, task, rule: str, arg
         "tau_inherited": kendall_tau([r["inherited_valid"] for r in rows], truth),
         "tau_proxy": kendall_tau([r["proxy_valid"] for r in rows], truth),
         "score_s": sum(r["score_s"] for r in rows) / len(rows),
-        "standalone_s": sum(r["standalone_s"] for r in rows) / len(rows),
+        # Seconds compare only on one machine and thread count: the rows measured as this supernet is.
+        "standalone_s": sum(r["standalone_s"] for r in alike) / len(alike) if alike else float("nan"),
+        "standalone_rows": len(alike),
         "best_by_inherited": max(rows, key=lambda r: r["inherited_valid"])["standalone_test"],
         "best_by_proxy": max(rows, key=lambda r: r["proxy_valid"])["standalone_test"],
         "best": max(truth),
@@ -407,8 +418,11 @@ def print_ranking(task, args) -> list[dict]:
     for r in results:
         print(f"| {r['space']} | {r['sampling']} | {r['supernet_parameters']:,} | {r['supernet_steps']} steps "
               f"({r['subnet_passes']} subnet passes), "
-              f"{r['supernet_seconds']:.0f} s | {args.standalone_steps} steps, {r['standalone_s']:.0f} s "
-              f"(supernet = {r['supernet_seconds'] / r['standalone_s']:.2f}x) | {r['score_s']:.2f} | "
+              f"{r['supernet_seconds']:.0f} s | {args.standalone_steps} steps, "
+              + (f"{r['standalone_s']:.0f} s over {r['standalone_rows']} rows of this machine and threads "
+                 f"(supernet = {r['supernet_seconds'] / r['standalone_s']:.2f}x)" if r["standalone_rows"]
+                 else "no row measured on this machine and threads")
+              + f" | {r['score_s']:.2f} | "
               f"{60 / r['score_s']:.0f} |")  # fmt: skip
     return results
 
