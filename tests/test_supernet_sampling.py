@@ -14,6 +14,23 @@ from xsearch.training.loop import task_loss
 FIELDS = {"vocab_size": 20, "max_len": 512, "head": "classify", "n_classes": 10}
 
 
+def killed_at_step(monkeypatch, module, loss_name: str, step: int, run, *args, **kwargs) -> None:
+    """Call ``run(*args, **kwargs)`` with ``module.loss_name`` raising at its ``step``-th call (a kill in that
+    step), then put the loss back."""
+    calls, real = [], getattr(module, loss_name)
+
+    def dies(*args):
+        calls.append(1)
+        if len(calls) == step:
+            raise RuntimeError("killed")
+        return real(*args)
+
+    monkeypatch.setattr(module, loss_name, dies)
+    with pytest.raises(RuntimeError, match="killed"):
+        run(*args, **kwargs)
+    monkeypatch.setattr(module, loss_name, real)
+
+
 @pytest.mark.parametrize("name", ["default", "per_layer"])
 def test_the_sandwich_draws_the_largest_the_smallest_and_uniform_subnets(name):
     space = load_space(name, max_len=512)
@@ -78,20 +95,50 @@ def test_sandwich_training_resumes_exactly_and_counts_its_subnet_passes(tmp_path
     record = train_supernet(whole, task, settings, progress=False)
     assert record["steps"] == 6 and record["subnet_passes"] == 18
 
-    calls, real = [], training.sandwich_loss
-
-    def dies_at_the_fifth_step(*args):
-        calls.append(1)
-        if len(calls) == 5:
-            raise RuntimeError("killed")
-        return real(*args)
-
-    monkeypatch.setattr(training, "sandwich_loss", dies_at_the_fifth_step)
-    with pytest.raises(RuntimeError, match="killed"):
-        train_supernet(build_supernet(space, task.model_fields()), task, settings, out=tmp_path, progress=False)
-    monkeypatch.setattr(training, "sandwich_loss", real)
+    fresh = build_supernet(space, task.model_fields())
+    killed_at_step(monkeypatch, training, "sandwich_loss", 5, train_supernet, fresh, task, settings, out=tmp_path,
+                   progress=False)  # fmt: skip
     resumed = build_supernet(space, task.model_fields())
     again = train_supernet(resumed, task, settings, out=tmp_path, progress=False)
     assert again["steps"] == 6 and again["final_loss"] == pytest.approx(record["final_loss"], abs=1e-6)
     for name in whole.shapes:
         torch.testing.assert_close(resumed.tensor(name), whole.tensor(name), atol=1e-6, rtol=0)
+
+
+def test_a_checkpoint_older_than_an_option_resumes_and_other_settings_are_refused_by_name(tmp_path, monkeypatch):
+    import xsearch.training.loop as loop_module
+    from xsearch.errors import XSearchError
+    from xsearch.serialization import read_checkpoint, write_checkpoint
+    from xsearch.supernet.train import CHECKPOINT_FILE
+
+    task = get_task("listops", n_train=64, n_valid=16, n_test=16, min_len=8, max_len=32)
+    space = load_space("tiny", max_len=32)
+    settings = SupernetTrainSettings(steps=4, lr=3e-3, batch_size=8, checkpoint_every=2)
+    build = lambda: build_supernet(space, task.model_fields())  # noqa: E731
+    whole = build()
+    record = train_supernet(whole, task, settings, progress=False)
+
+    # a run killed at its third step, its step-2 checkpoint then made to look written before sandwich_random
+    # existed (its settings lack the key)
+    killed_at_step(monkeypatch, loop_module, "task_loss", 3, train_supernet, build(), task, settings, out=tmp_path,
+                   progress=False)  # fmt: skip
+    state, tensors = read_checkpoint(tmp_path / CHECKPOINT_FILE, "checkpoint")
+    assert state["steps"] == 2
+    state["settings"] = {k: v for k, v in state["settings"].items() if k != "sandwich_random"}
+    write_checkpoint(tmp_path / CHECKPOINT_FILE, tensors, state)
+
+    resumed = build()
+    again = train_supernet(resumed, task, settings, out=tmp_path, progress=False)
+    assert again["steps"] == 4 and again["final_loss"] == pytest.approx(record["final_loss"], abs=1e-6)
+    for name in whole.shapes:
+        torch.testing.assert_close(resumed.tensor(name), whole.tensor(name), atol=1e-6, rtol=0)
+
+    other = SupernetTrainSettings(steps=4, lr=1e-3, batch_size=8, checkpoint_every=2)
+    with pytest.raises(XSearchError, match=r"lr 0\.003 there, 0\.001 now") as err:
+        train_supernet(build(), task, other, out=tmp_path, progress=False)
+    assert "batch_size" not in str(err.value)
+
+
+def test_subnets_per_step_counts_the_sandwich_rules_passes():
+    assert SupernetTrainSettings(steps=1).subnets_per_step == 1
+    assert SupernetTrainSettings(steps=1, sampling="sandwich", sandwich_random=3).subnets_per_step == 5

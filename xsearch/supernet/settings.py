@@ -33,3 +33,17 @@ class SupernetTrainSettings(Settings):
     checkpoint_every: int = option(200, "steps between checkpoints (a killed run resumes from the last)", ge=1)
 
     rules = TrainSettings.rules  # exactly one budget
+
+    @property
+    def subnets_per_step(self) -> int:
+        """Subnet passes one step makes: 1 with uniform sampling; the largest, the smallest and the uniform
+        draws with the sandwich rule."""
+        return 1 if self.sampling == "uniform" else 2 + self.sandwich_random
+
+    @classmethod
+    def with_defaults(cls, recorded: dict) -> dict:
+        """A recorded ``to_dict()`` with the options it predates at their defaults (a checkpoint written before
+        an option existed was trained as that option's default says)."""
+        from xsearch.settings import default_of, option_fields
+
+        return {**{f.name: default_of(f) for f in option_fields(cls)}, **recorded}

@@ -118,9 +118,11 @@ def train_supernet(sn, task, settings: SupernetTrainSettings, *, out: str | os.P
 
         state, tensors = found
         check_matches(state["space"], state["task_fields"], sn.space, sn.task_fields, where=str(out))
-        if state.get("settings") != recipe:
-            raise XSearchError(f"{out} holds a supernet trained with other settings ({state.get('settings')}); "
-                               "choose a new --out or the same settings")  # fmt: skip
+        trained_with = SupernetTrainSettings.with_defaults(state.get("settings") or {})
+        if differ := sorted(k for k in {*trained_with, *recipe} if trained_with.get(k) != recipe.get(k)):
+            shown = ", ".join(f"{k} {trained_with.get(k)!r} there, {recipe.get(k)!r} now" for k in differ)
+            raise XSearchError(f"{out} holds a supernet trained with other settings ({shown}); choose a new --out "
+                               "or the same settings")  # fmt: skip
         _restore(sn, opt, tensors)
         step, elapsed_before, window = state["steps"], state["seconds"], state.get("loss_window", [])
         log.info("resuming supernet training at step %d", step)
@@ -134,8 +136,7 @@ def train_supernet(sn, task, settings: SupernetTrainSettings, *, out: str | os.P
     reference = sn.space.reference_config(fields)
 
     def state_now(done: bool) -> dict[str, Any]:
-        per_step = 1 if settings.sampling == "uniform" else 2 + settings.sandwich_random
-        return {"settings": recipe, "steps": loop.step, "subnet_passes": loop.step * per_step,
+        return {"settings": recipe, "steps": loop.step, "subnet_passes": loop.step * settings.subnets_per_step,
                 "seconds": round(loop.elapsed, 2),
                 "loss_window": loop.window, "done": done, "task": task.describe(), "space": sn.space.to_yaml(),
                 "task_fields": sn.task_fields}  # fmt: skip
