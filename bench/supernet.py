@@ -209,7 +209,8 @@ def score_with_supernet(space, fields, subnets, truth_rows, task, rule: str, arg
         inherited = evaluate(extract_subnet(sn, cfg), task, "valid")
         rows.append({**row, "inherited_valid": inherited, "score_s": time.perf_counter() - t0})
     truth = [r["standalone_test"] for r in rows]
-    alike = [r for r in rows if r.get("machine") == machine()]
+    here = machine()
+    alike = [r for r in rows if r.get("machine") == here]
     return {
         "space": space.name, "sampling": rule, "subnets": len(rows), "rows": rows, "supernet_steps": record["steps"],
         "subnet_passes": record["subnet_passes"], "supernet_seconds": supernet_s,

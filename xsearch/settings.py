@@ -104,6 +104,12 @@ class Settings:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    @classmethod
+    def with_defaults(cls, recorded: Mapping[str, Any]) -> dict[str, Any]:
+        """A recorded ``to_dict()`` with the options it predates at their defaults (a checkpoint written before
+        an option existed was made as that option's default says)."""
+        return {**{f.name: default_of(f) for f in option_fields(cls)}, **recorded}
+
 
 def _hints(cls: type) -> dict[str, Any]:
     cached = cls.__dict__.get("_xsearch_hints")

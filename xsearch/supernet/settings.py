@@ -39,11 +39,3 @@ class SupernetTrainSettings(Settings):
         """Subnet passes one step makes: 1 with uniform sampling; the largest, the smallest and the uniform
         draws with the sandwich rule."""
         return 1 if self.sampling == "uniform" else 2 + self.sandwich_random
-
-    @classmethod
-    def with_defaults(cls, recorded: dict) -> dict:
-        """A recorded ``to_dict()`` with the options it predates at their defaults (a checkpoint written before
-        an option existed was trained as that option's default says)."""
-        from xsearch.settings import default_of, option_fields
-
-        return {**{f.name: default_of(f) for f in option_fields(cls)}, **recorded}
