@@ -160,7 +160,7 @@ def test_bad_files_and_mismatched_models_are_one_line(tmp_path, capsys, tiny):
                  "n_test=16", "--max-len", "48", "--attention", "local", "--set", "block_size=8", "--d-model", "16",
                  "--layers", "1", "--heads", "2", "--steps", "1", "--quiet", "--out", str(other)]) == 0  # fmt: skip
     _one_line_error(capsys, ["bench", str(tiny / "m.onnx"), "--seq-len", "8", "--vs", str(other)],
-                    "max_len 32 vs 48")  # fmt: skip
+                    "m.onnx, 48 in --vs")  # fmt: skip
     _one_line_error(capsys, ["train", *TINY, "--attention", "local", "--set", "block_size=100000", "--steps", "1",
                              "--out", str(tmp_path / "big")],
                     "block_size=100000 exceeds the longest sequence (max_len=32); use at most 128")  # fmt: skip

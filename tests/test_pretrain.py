@@ -132,7 +132,7 @@ def test_resume_with_other_settings_is_refused(pretrained, tmp_path, capsys):
     other = _pretrain(out, 4, every=2)
     other[other.index("3e-3")] = "1e-3"
     assert main(other) == 2
-    assert "another model, task or settings" in capsys.readouterr().err
+    assert "with other settings (lr 0.003 there, 0.001 now)" in capsys.readouterr().err
 
 
 def test_unfinished_pretraining_is_refused_by_init(task, tmp_path):

@@ -9,7 +9,16 @@ import pytest
 
 from xsearch.cli.args import Parser, UsageError, add_settings, settings_from_args
 from xsearch.errors import SettingError, XSearchError
-from xsearch.settings import Settings, from_mapping, option, parse_assignments, parse_value, yaml_lines
+from xsearch.settings import (
+    Settings,
+    differing_keys,
+    from_mapping,
+    option,
+    parse_assignments,
+    parse_value,
+    show_differences,
+    yaml_lines,
+)
 
 
 @dataclass
@@ -112,3 +121,22 @@ def test_every_settings_class_of_the_library_builds_with_its_defaults_and_has_he
         cls(**needed)
         for f in dataclasses.fields(cls):
             assert f.metadata.get("help"), f"{cls.__name__}.{f.name} has no help"
+
+
+def test_differences_name_each_key_with_both_values():
+    held, now = {"lr": 0.003, "steps": 10, "seed": 0, "old": 1}, {"lr": 0.001, "steps": 10, "seed": 0, "new": 2}
+    assert differing_keys(held, now) == ["lr", "new", "old"]  # a key only one record has differs
+    assert differing_keys(held, now, ("steps", "old", "lr")) == ["old", "lr"]  # the given keys, in their order
+    assert show_differences(held, now) == "lr 0.003 there, 0.001 now; new None there, 2 now; old 1 there, None now"
+    assert show_differences(held, now, ["lr"], held_as="in a", now_as="in b") == "lr 0.003 in a, 0.001 in b"
+    assert show_differences(held, dict(held)) == ""  # the same records: nothing to show
+
+
+def test_with_defaults_fills_only_the_options_a_record_predates():
+    @dataclass
+    class Recipe(Settings):
+        lr: float = option(1e-3, "learning rate")
+        warmup: int = option(0, "warmup steps")
+
+    assert Recipe.with_defaults({"lr": 0.5}) == {"lr": 0.5, "warmup": 0}
+    assert Recipe.with_defaults({"lr": 0.5, "warmup": 3}) == {"lr": 0.5, "warmup": 3}

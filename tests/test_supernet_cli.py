@@ -99,7 +99,7 @@ def test_a_supernet_of_another_space_or_task_is_refused(trained, tmp_path, capsy
     search = ["search", *TASK, "--storage", db, "--trials", "1", "--supernet", str(trained), "--quiet"]
     _one_line(capsys, [*search, "--space", "default"], "was built for space 'tiny', not 'default'")
     other = [a.replace("max_len=32", "max_len=48") for a in search]
-    _one_line(capsys, [*other, "--space", "tiny"], "built for a task with max_len=32, this task has max_len=48")
+    _one_line(capsys, [*other, "--space", "tiny"], "built for another task (max_len 32 there, 48 in this task)")
     _one_line(capsys, [*search, "--space", "tiny", "--supernet", str(tmp_path)], "is not a saved supernet")
     retrain = ["supernet", "train", *TASK, "--space", "per_layer", "--steps", "20", "--quiet", "--out", str(trained)]
     _one_line(capsys, retrain, "was built for space 'tiny', not 'per_layer'")

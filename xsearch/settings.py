@@ -111,6 +111,23 @@ class Settings:
         return {**{f.name: default_of(f) for f in option_fields(cls)}, **recorded}
 
 
+def differing_keys(held: Mapping[str, Any], now: Mapping[str, Any], keys: Iterable[str] | None = None) -> list[str]:
+    """The keys whose values differ between two records (of ``keys`` in their order, or of both, sorted); a key
+    one record lacks differs unless both lack it."""
+    keys = sorted({*held, *now}) if keys is None else list(keys)
+    return [k for k in keys if held.get(k) != now.get(k)]
+
+
+def show_differences(held: Mapping[str, Any], now: Mapping[str, Any], keys: Iterable[str] | None = None, *,
+                     held_as: str = "there", now_as: str = "now") -> str:  # fmt: skip
+    """Each differing key with both values, for a message: ``"lr 0.003 there, 0.001 now; steps 10 there, 20 now"``.
+
+    ``held`` is what was recorded (a checkpoint, a file), ``now`` what is asked for; a value a record lacks shows
+    as ``None``.
+    """
+    return "; ".join(f"{k} {held.get(k)!r} {held_as}, {now.get(k)!r} {now_as}" for k in differing_keys(held, now, keys))
+
+
 def _hints(cls: type) -> dict[str, Any]:
     cached = cls.__dict__.get("_xsearch_hints")
     if cached is None:

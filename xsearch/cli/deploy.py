@@ -22,6 +22,7 @@ from xsearch.cli.args import (
 from xsearch.export.metadata import step_path_for
 from xsearch.export.settings import ExportSettings
 from xsearch.latency.timing import MeasureSettings
+from xsearch.settings import show_differences
 
 log = logging.getLogger("xsearch")
 
@@ -124,13 +125,10 @@ def _same_task(onnx_meta: dict, model, vs: str, onnx: str) -> None:
     """Refuse to compare an ONNX file with a torch model of another task or length."""
     mine, theirs = onnx_meta["config"], model.config.to_dict()
     keys = ("vocab_size", "max_len", "head", "n_classes", "causal")
-    differ = [k for k in keys if mine.get(k) != theirs.get(k)]
     task_a, task_b = (onnx_meta.get("task") or {}).get("name"), (getattr(model, "task_info", None) or {}).get("name")
-    if task_a and task_b and task_a != task_b:
-        differ.insert(0, "task")
-        mine, theirs = {**mine, "task": task_a}, {**theirs, "task": task_b}
-    if differ:
-        shown = ", ".join(f"{k} {mine.get(k)!r} vs {theirs.get(k)!r}" for k in differ)
+    if task_a and task_b:
+        mine, theirs, keys = {**mine, "task": task_a}, {**theirs, "task": task_b}, ("task", *keys)
+    if shown := show_differences(mine, theirs, keys, held_as=f"in {onnx}", now_as="in --vs"):
         raise UsageError(f"--vs {vs} is a model of another task than {onnx} ({shown}); their latencies do not compare")
     if {k: v for k, v in mine.items() if k != "dropout"} != {k: v for k, v in theirs.items() if k != "dropout"}:
         log.warning("--vs %s has another architecture than %s: the ratio compares two different models", vs, onnx)

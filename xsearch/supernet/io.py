@@ -12,6 +12,7 @@ import torch
 
 from xsearch.errors import MissingPathError, XSearchError
 from xsearch.serialization import CONFIG_FILE, atomic_write_text, read_json
+from xsearch.settings import show_differences
 from xsearch.supernet.supertransformer import SuperTransformer
 
 FORMAT = "xsearch-supernet/1"
@@ -96,11 +97,8 @@ def check_matches(held_space: str, held_task_fields: dict[str, Any], space, task
 
     from xsearch.supernet.supertransformer import SubnetMismatchError
 
-    for key in sorted(set(task_fields) | set(held_task_fields)):
-        if task_fields.get(key) != held_task_fields.get(key):
-            held = held_task_fields.get(key)
-            raise SubnetMismatchError(f"supernet {where} was built for a task with {key}={held!r}, "
-                                      f"this task has {key}={task_fields.get(key)!r}")  # fmt: skip
+    if shown := show_differences(held_task_fields, task_fields, held_as="there", now_as="in this task"):
+        raise SubnetMismatchError(f"supernet {where} was built for another task ({shown})")
     if space.to_yaml() != held_space:
         mine, theirs = space.to_yaml().splitlines(), held_space.splitlines()
         first = next((i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b), min(len(mine), len(theirs)))

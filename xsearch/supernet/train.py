@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from xsearch.errors import XSearchError
+from xsearch.settings import show_differences
 from xsearch.supernet.settings import SupernetTrainSettings
 
 log = logging.getLogger("xsearch.supernet")
@@ -119,8 +120,7 @@ def train_supernet(sn, task, settings: SupernetTrainSettings, *, out: str | os.P
         state, tensors = found
         check_matches(state["space"], state["task_fields"], sn.space, sn.task_fields, where=str(out))
         trained_with = SupernetTrainSettings.with_defaults(state.get("settings") or {})
-        if differ := sorted(k for k in {*trained_with, *recipe} if trained_with.get(k) != recipe.get(k)):
-            shown = ", ".join(f"{k} {trained_with.get(k)!r} there, {recipe.get(k)!r} now" for k in differ)
+        if shown := show_differences(trained_with, recipe):
             raise XSearchError(f"{out} holds a supernet trained with other settings ({shown}); choose a new --out "
                                "or the same settings")  # fmt: skip
         _restore(sn, opt, tensors)

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from xsearch.errors import XSearchError
+from xsearch.settings import show_differences
 from xsearch.tasks.encoding import PAD_ID
 from xsearch.training.settings import PretrainSettings
 
@@ -164,7 +165,7 @@ def pretrain(model, task, settings: PretrainSettings, *, out: str | os.PathLike 
         after, and the history of validation points.
 
     Raises:
-        XSearchError: ``out`` holds a pretraining of another model or other settings.
+        XSearchError: ``out`` holds a pretraining of another model, task or settings (naming each difference).
         TrainingDiverged: the loss became NaN or infinite.
     """
     from xsearch.serialization import read_checkpoint
@@ -183,9 +184,13 @@ def pretrain(model, task, settings: PretrainSettings, *, out: str | os.PathLike 
     found = read_checkpoint(out / CHECKPOINT_FILE, "pretraining checkpoint") if out is not None else None
     if found is not None:
         state, tensors = found
-        if state.get("config") != config or state.get("settings") != recipe or state.get("task") != task.describe():
-            raise XSearchError(f"{out} holds a pretraining of another model, task or settings; choose a new --out "
-                               "or the same command")  # fmt: skip
+        trained_with = PretrainSettings.with_defaults(state.get("settings") or {})
+        for what, held, now in (("of another model", state.get("config") or {}, config),
+                                ("of another task", state.get("task") or {}, task.describe()),
+                                ("with other settings", trained_with, recipe)):  # fmt: skip
+            if shown := show_differences(held, now):
+                raise XSearchError(f"{out} holds a pretraining {what} ({shown}); choose a new --out or "
+                                   "the same command")  # fmt: skip
         _restore(model, head, opt, tensors)
         step, elapsed_before = state["steps"], state["seconds"]
         window, history = state["loss_window"], state["history"]

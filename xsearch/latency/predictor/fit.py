@@ -27,6 +27,7 @@ from xsearch.latency.predictor.models import (
     cv_error,
     grouped_folds,
 )
+from xsearch.settings import show_differences
 
 FORMAT = "xsearch-latency-predictor/2"
 # Sessions: a session's speed is estimated from the fit's residuals on its rows, then divided out
@@ -313,10 +314,8 @@ def load_for_target(path: str | os.PathLike, target: str, threads: int | None) -
     if predictor.target != target:
         raise XSearchError(f"latency predictor {path} was fitted for target {predictor.target!r}, not {target!r}")
     here = device_fingerprint(target, threads)
-    differ = sorted(k for k in set(here) | set(predictor.device) if here.get(k) != predictor.device.get(k))
-    if differ:
+    if shown := show_differences(predictor.device, here, now_as="here"):
         logging.getLogger("xsearch.search").warning(
-            "latency predictor %s was fitted on another device (%s differ: %s here, %s there); predictions may be off",
-            path, ", ".join(differ), {k: here.get(k) for k in differ}, {k: predictor.device.get(k) for k in differ},
-        )  # fmt: skip
+            "latency predictor %s was fitted on another device (%s); predictions may be off", path, shown
+        )
     return predictor
