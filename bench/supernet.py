@@ -26,6 +26,12 @@ Steps 3 and 4 do not depend on the supernet: ``--ledger`` keeps their figures as
 they can be gathered over several sittings (``--truth-only --max-new N``) and a supernet ranked against them
 later.
 
+No ranking can agree with the ground truth better than the ground truth agrees with itself. With ``--ledger``
+the bench prints each space's standalone spread beside the noise of one figure (the spread of subnets trained
+again with other seeds, ``--train-seed 1 --only I,J``, pooled; without such rows the test split's sampling
+alone, a lower bound) and the tau a ranker that knew each subnet's expected accuracy would reach against it:
+the ceiling of both signals' tau.
+
 ``--tables equal-cost`` compares the two searches at equal cost instead, on ``--equal-cost-space``:
 
 1. one-shot: a supernet trained ``--ec-supernet-steps`` steps, a search of ``--ec-trials`` candidates scored with
@@ -40,7 +46,8 @@ later.
     python bench/supernet.py [--max-len 512] [--subnets 24] [--supernet-steps 3000] [--standalone-steps 1000]
                              [--proxy-steps 200] [--spaces default,per_layer] [--train-threads 2]
                              [--sampling uniform,sandwich] [--sandwich-random 2]
-                             [--json out.json] [--ledger runs/ranking.jsonl [--truth-only] [--max-new N] [--only I,J]]
+                             [--json out.json] [--ledger runs/ranking.jsonl [--truth-only] [--max-new N] [--only I,J]
+                             [--train-seed K]]
     python bench/supernet.py --tables equal-cost [--ec-supernet-steps 1500] [--ec-trials 300]
                              [--finetune-steps 400] [--work runs/bench-supernet]
 """
@@ -57,10 +64,13 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 from lra_listops import cpu_seconds  # (bench/, beside this script)
 
 from xsearch.config import describe_config
+from xsearch.errors import XSearchError
+from xsearch.latency.predictor.holdout import kendall_tau
 from xsearch.model import count_parameters
 from xsearch.search_spaces import RandomDraw, load_space_for_task
 from xsearch.supernet import build_supernet, extract_subnet
@@ -72,25 +82,31 @@ from xsearch.training.recipe import train_model
 from xsearch.training.settings import TrainSettings
 
 
-def kendall_tau(x: list[float], y: list[float]) -> float:
-    """Kendall's tau-b (ties counted as neither concordant nor discordant, and corrected for)."""
-    n = len(x)
-    concordant = discordant = ties_x = ties_y = 0
-    for i in range(n):
-        for j in range(i + 1, n):
-            dx, dy = x[i] - x[j], y[i] - y[j]
-            if dx == 0 and dy == 0:
-                continue
-            if dx == 0:
-                ties_x += 1
-            elif dy == 0:
-                ties_y += 1
-            elif (dx > 0) == (dy > 0):
-                concordant += 1
-            else:
-                discordant += 1
-    denom = ((concordant + discordant + ties_x) * (concordant + discordant + ties_y)) ** 0.5
-    return (concordant - discordant) / denom if denom else float("nan")
+def tau(x: list[float], y: list[float]) -> float:
+    """Kendall's tau-b, or NaN where one side is constant (every proxy tied)."""
+    try:
+        return kendall_tau(x, y)
+    except XSearchError:
+        return float("nan")
+
+
+def noise_ceiling(values: list[float], noise_sd: float, draws: int = 2000, seed: int = 0) -> tuple[float, float, float]:
+    """The tau a perfect ranker would reach against ground-truth figures ``values`` measured with noise ``noise_sd``.
+
+    Each figure is the subnet's expected accuracy plus noise (the test split's sampling, a training seed's
+    luck). The expected accuracies are taken as ``values`` shrunk toward their mean to the spread the noise
+    leaves (variance of ``values`` less ``noise_sd``²); each draw adds new noise and ranks the noisy figures
+    against the expected ones. Returns the mean tau and its 5th and 95th percentiles; 0 where the figures
+    spread no more than the noise (a ranking of them is a ranking of noise).
+    """
+    v = np.asarray(values, dtype=float)
+    spread = float(v.var(ddof=1)) - noise_sd**2
+    if spread <= 0:
+        return 0.0, 0.0, 0.0
+    expected = v.mean() + (v - v.mean()) * np.sqrt(spread / v.var(ddof=1))
+    rng = np.random.default_rng(seed)
+    taus = np.sort([kendall_tau(expected, expected + rng.normal(0.0, noise_sd, v.size)) for _ in range(draws)])
+    return float(taus.mean()), float(taus[int(0.05 * draws)]), float(taus[int(0.95 * draws)])
 
 
 class Ledger:
@@ -101,11 +117,13 @@ class Ledger:
     measured. Lines of other budgets are kept and ignored.
     """
 
-    BUDGET = ("max_len", "n_train", "n_eval", "seed", "lr", "proxy_steps", "standalone_steps")
+    BUDGET = ("max_len", "n_train", "n_eval", "seed", "lr", "proxy_steps", "standalone_steps", "train_seed")
 
     def __init__(self, path: str, args) -> None:
         self.path, self.budget = Path(path), {k: getattr(args, k) for k in self.BUDGET}
-        self.rows: dict[tuple[str, str], dict] = {}
+        self.rows: dict[tuple[str, str], dict] = {}  # this budget's rows
+        self.repeats: dict[tuple[str, str], dict[int, float]] = {}  # standalone test by training seed, any seed
+        same = {k: v for k, v in self.budget.items() if k != "train_seed"}
         lines = self.path.read_text(encoding="utf-8").splitlines() if self.path.exists() else []
         for n, line in enumerate(lines, 1):
             try:
@@ -113,14 +131,19 @@ class Ledger:
             except json.JSONDecodeError:  # a line cut by a kill: measured again
                 print(f"{self.path}:{n}: not a JSON line, ignored", file=sys.stderr)
                 continue
-            if doc["budget"] == self.budget:
-                self.rows[doc["space"], doc["row"]["config"]] = {**doc["row"], "machine": doc.get("machine")}
+            budget = {"train_seed": doc["budget"]["seed"], **doc["budget"]}  # (lines before --train-seed)
+            key = doc["space"], doc["row"]["config"]
+            if budget == self.budget:
+                self.rows[key] = {**doc["row"], "machine": doc.get("machine")}
+            if {k: v for k, v in budget.items() if k != "train_seed"} == same:
+                self.repeats.setdefault(key, {})[budget["train_seed"]] = doc["row"]["standalone_test"]
 
     def get(self, space: str, cfg) -> dict | None:
         return self.rows.get((space, describe_config(cfg)))
 
     def add(self, space: str, cfg, row: dict) -> None:
         self.rows[space, row["config"]] = row
+        self.repeats.setdefault((space, row["config"]), {})[self.budget["train_seed"]] = row["standalone_test"]
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(json.dumps({"space": space, "budget": self.budget, "machine": machine(), "model_config":
@@ -146,29 +169,33 @@ def machine() -> str:
     return f"{os.cpu_count()} cores, {threads}"
 
 
-def run_space(name: str, task, args) -> list[dict] | None:
-    fields = task.model_fields()
+def draw_subnets(name: str, task, args) -> list:
+    """The ``--subnets`` subnets of space ``name`` the ranking is measured on (drawn uniformly with ``--seed``)."""
     space = load_space_for_task(name, task)
     rng = random.Random(args.seed)
-    subnets = [space.suggest(RandomDraw(rng), fields) for _ in range(args.subnets)]
+    return [space.suggest(RandomDraw(rng), task.model_fields()) for _ in range(args.subnets)]
 
-    ledger = Ledger(args.ledger, args) if args.ledger else None
+
+def run_space(name: str, task, args, ledger: Ledger | None) -> list[dict] | None:
+    fields = task.model_fields()
+    space = load_space_for_task(name, task)
+    subnets = draw_subnets(name, task, args)
     truth_rows = []  # the proxy and standalone figures of each subnet: from the ledger, or trained now
     for i, cfg in enumerate(subnets):
         if ledger and (row := ledger.get(name, cfg)):
             truth_rows.append(row)
             continue
         if args.max_new is not None and args.max_new <= 0:
-            break
+            continue  # (the ledger's later rows still count)
         if args.only and i + 1 not in args.only:
             continue
         t0 = time.perf_counter()
-        proxy = train_model(cfg, task, TrainSettings(steps=args.proxy_steps, lr=args.lr, seed=args.seed),
+        proxy = train_model(cfg, task, TrainSettings(steps=args.proxy_steps, lr=args.lr, seed=args.train_seed),
                             progress=False)  # fmt: skip
         proxy_valid = evaluate(proxy.model, task, "valid")
         proxy_s = time.perf_counter() - t0
         t0 = time.perf_counter()
-        alone = train_model(cfg, task, TrainSettings(steps=args.standalone_steps, lr=args.lr, seed=args.seed),
+        alone = train_model(cfg, task, TrainSettings(steps=args.standalone_steps, lr=args.lr, seed=args.train_seed),
                             progress=False)  # fmt: skip
         row = {"config": describe_config(cfg), "parameters": count_parameters(alone.model),
                "proxy_valid": proxy_valid, "standalone_test": alone.test_metric, "proxy_s": proxy_s,
@@ -181,7 +208,7 @@ def run_space(name: str, task, args) -> list[dict] | None:
         print(f"  [{name} {i + 1}/{len(subnets)}] {row['config'][:70]:70s} proxy {proxy_valid:.3f}  standalone "
               f"{alone.test_metric:.3f}  ({row['proxy_s'] + row['standalone_s']:.0f} s)", file=sys.stderr,
               flush=True)  # fmt: skip
-    if len(truth_rows) < len(subnets) or args.truth_only:
+    if len(truth_rows) < len(subnets) or args.truth_only or args.train_seed != args.seed:
         print(f"  [{name}] standalone figures of {len(truth_rows)} of {len(subnets)} subnets"
               + (f" in {args.ledger}" if ledger else ""), file=sys.stderr, flush=True)  # fmt: skip
         return None
@@ -215,8 +242,8 @@ def score_with_supernet(space, fields, subnets, truth_rows, task, rule: str, arg
         "space": space.name, "sampling": rule, "subnets": len(rows), "rows": rows, "supernet_steps": record["steps"],
         "subnet_passes": record["subnet_passes"], "supernet_seconds": supernet_s,
         "supernet_parameters": sn.n_parameters(),
-        "tau_inherited": kendall_tau([r["inherited_valid"] for r in rows], truth),
-        "tau_proxy": kendall_tau([r["proxy_valid"] for r in rows], truth),
+        "tau_inherited": tau([r["inherited_valid"] for r in rows], truth),
+        "tau_proxy": tau([r["proxy_valid"] for r in rows], truth),
         "score_s": sum(r["score_s"] for r in rows) / len(rows),
         # Seconds compare only on one machine and thread count: the rows measured as this supernet is.
         "standalone_s": sum(r["standalone_s"] for r in alike) / len(alike) if alike else float("nan"),
@@ -341,7 +368,10 @@ def main() -> int:
     p.add_argument("--sampling", default="uniform", help="the supernet's sampling rules to rank with, comma-separated "
                    "(uniform, sandwich): one supernet each, at the same number of subnet passes")  # fmt: skip
     p.add_argument("--sandwich-random", type=int, default=2, help="the sandwich rule's uniform draws per step")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="the task's data, the subnets drawn, the supernets")
+    p.add_argument("--train-seed", type=int, help="the proxy and standalone trainings' seed (default: --seed); "
+                   "another one, with --ledger and --only, trains those subnets again to measure how much the "
+                   "ground truth itself varies (the repeatability table), not the ranking")  # fmt: skip
     p.add_argument("--train-threads", type=int, default=2)
     p.add_argument("--tables", default="ranking", help="ranking (with the cost table) and/or equal-cost")
     p.add_argument("--equal-cost-space", default="default")
@@ -360,6 +390,8 @@ def main() -> int:
                    help="train only these of each space's subnets (numbered from 1) now; the others are taken "
                    "from the ledger or left for another sitting (to fit a sitting's time)")  # fmt: skip
     args = p.parse_args()
+    if args.train_seed is None:
+        args.train_seed = args.seed
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(args.train_threads)
     tables = set(args.tables.split(","))
@@ -383,13 +415,68 @@ def main() -> int:
     return 0
 
 
+def ground_noise(ledger: Ledger | None, mean: float, n_test: int) -> tuple[float, str]:
+    """The noise of one standalone figure: the spread of subnets trained with several seeds (``--train-seed``),
+    pooled, where the ledger holds any; else the test split's sampling alone (a lower bound)."""
+    sq, dof = 0.0, 0
+    for by_seed in ledger.repeats.values() if ledger else []:
+        if len(by_seed) >= 2:
+            v = np.asarray(list(by_seed.values()))
+            sq, dof = sq + float(((v - v.mean()) ** 2).sum()), dof + v.size - 1
+    if dof:
+        return (sq / dof) ** 0.5, f"training seeds, {dof} degrees of freedom"
+    return (mean * (1 - mean) / n_test) ** 0.5, f"test sampling of {n_test} examples only: a lower bound"
+
+
+def print_ground_truth(task, args, ledger: Ledger) -> dict:
+    """The standalone figures' spread beside their own noise: how high any ranking's tau can be against them."""
+    print()
+    print(f"Ground truth: standalone test accuracy after {args.standalone_steps} steps (training seed {args.seed}), "
+          "and the tau a ranker that knew each subnet's expected accuracy would reach against it")  # fmt: skip
+    print("| space | subnets measured | standalone test min / mean / max | sd | noise sd | tau of a perfect ranker "
+          "(5-95%) | chance |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|")
+    doc = {}
+    for name in args.spaces.split(","):
+        cells = [ledger.repeats.get((name, describe_config(cfg)), {}) for cfg in draw_subnets(name, task, args)]
+        truth = [c[args.seed] for c in cells if args.seed in c]
+        if len(truth) < 3:
+            print(f"| {name} | {len(truth)} of {args.subnets} | - | - | - | - | {task.chance('test'):.4f} |")
+            continue
+        noise, source = ground_noise(ledger, float(np.mean(truth)), args.n_eval)
+        ceiling = noise_ceiling(truth, noise)
+        doc[name] = {"measured": len(truth), "sd": float(np.std(truth, ddof=1)), "noise_sd": noise,
+                     "noise_source": source, "perfect_ranker_tau": ceiling}  # fmt: skip
+        print(f"| {name} | {len(truth)} of {args.subnets} | {min(truth):.4f} / {np.mean(truth):.4f} / "
+              f"{max(truth):.4f} | {doc[name]['sd']:.4f} | {noise:.4f} ({source}) | {ceiling[0]:.2f} "
+              f"({ceiling[1]:.2f} to {ceiling[2]:.2f}) | {task.chance('test'):.4f} |")  # fmt: skip
+    repeated = {key: by_seed for key, by_seed in ledger.repeats.items() if len(by_seed) >= 2}
+    if repeated:
+        print()
+        print("Repeatability: subnets trained again with other seeds (--train-seed)")
+        print("| space | subnet | standalone test by training seed | sd |")
+        print("|---|---|---|---|")
+        for (space, config), by_seed in sorted(repeated.items()):
+            seeds = ", ".join(f"{seed}: {acc:.4f}" for seed, acc in sorted(by_seed.items()))
+            print(f"| {space} | {config} | {seeds} | {np.std(list(by_seed.values()), ddof=1):.4f} |")
+    return doc
+
+
 def print_ranking(task, args) -> list[dict]:
-    measured = {name: run_space(name, task, args) for name in args.spaces.split(",")}
+    ledger = Ledger(args.ledger, args) if args.ledger else None
+    measured = {name: run_space(name, task, args, ledger) for name in args.spaces.split(",")}
+    if ledger:
+        print_ground_truth(task, args, ledger)
+    if args.train_seed != args.seed:
+        return []  # (rows of another training seed measure the ground truth's noise, not a ranking)
     if missing := [name for name, r in measured.items() if r is None]:
         print(f"no ranking table yet: the standalone figures of the {', '.join(missing)} space are not all measured"
               + (f" (see {args.ledger})" if args.ledger else ""))  # fmt: skip
         return []
     results = [r for rules in measured.values() for r in rules]
+    for r in results:
+        truth = [row["standalone_test"] for row in r["rows"]]
+        r["perfect_ranker_tau"] = noise_ceiling(truth, ground_noise(ledger, float(np.mean(truth)), args.n_eval)[0])
     protocol = args.max_len >= 512 and args.subnets >= 24 and args.standalone_steps >= 1000
     print()
     print(f"{args.subnets} subnets per space; supernet {args.supernet_steps} steps, proxy {args.proxy_steps}, "
@@ -402,11 +489,13 @@ def print_ranking(task, args) -> list[dict]:
     )
     print(
         "| space | sampling | subnets | tau inherited (supernet) | tau proxy (from scratch, "
-        f"{args.proxy_steps} steps) | standalone test of the pick by inherited / by proxy / best | chance |"
+        f"{args.proxy_steps} steps) | tau of a perfect ranker (the ground truth's noise) | standalone test of the "
+        "pick by inherited / by proxy / best | chance |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     for r in results:
         print(f"| {r['space']} | {r['sampling']} | {r['subnets']} | {r['tau_inherited']:.3f} | {r['tau_proxy']:.3f} | "
+              f"{r['perfect_ranker_tau'][0]:.2f} | "
               f"{r['best_by_inherited']:.4f} / {r['best_by_proxy']:.4f} / {r['best']:.4f} | "
               f"{task.chance('test'):.4f} |")  # fmt: skip
     print()
