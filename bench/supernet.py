@@ -43,12 +43,18 @@ the ceiling of both signals' tau.
    standalone pick from new weights) and the reference Transformer trained the same steps from new weights;
    all three exported to ONNX, scored on the test split through onnxruntime and timed interleaved (ort-cpu).
 
+The issue's protocol (>= 40 CPU minutes a search; about 75 minutes alone on 2 cores; the result is
+``bench/results/supernet-equal-cost-listops512.json``):
+
+    python bench/supernet.py --tables equal-cost --max-len 512 --n-train 32000 --n-eval 2000 \
+        --work runs/bench-ec-512 --json runs/bench-ec-512.json
+
     python bench/supernet.py [--max-len 512] [--subnets 24] [--supernet-steps 3000] [--standalone-steps 1000]
                              [--proxy-steps 200] [--spaces default,per_layer] [--train-threads 2]
                              [--sampling uniform,sandwich] [--sandwich-random 2]
                              [--json out.json] [--ledger runs/ranking.jsonl [--truth-only] [--max-new N] [--only I,J]
                              [--train-seed K]]
-    python bench/supernet.py --tables equal-cost [--ec-supernet-steps 1500] [--ec-trials 300]
+    python bench/supernet.py --tables equal-cost [--ec-supernet-steps 1200] [--ec-trials 50]
                              [--finetune-steps 400] [--work runs/bench-supernet]
 """
 
@@ -375,8 +381,9 @@ def main() -> int:
     p.add_argument("--train-threads", type=int, default=2)
     p.add_argument("--tables", default="ranking", help="ranking (with the cost table) and/or equal-cost")
     p.add_argument("--equal-cost-space", default="default")
-    p.add_argument("--ec-supernet-steps", type=int, default=1500, help="the one-shot arm's supernet training")
-    p.add_argument("--ec-trials", type=int, default=300, help="candidates the one-shot arm scores")
+    p.add_argument("--ec-supernet-steps", type=int, default=1200, help="the one-shot arm's supernet training")
+    p.add_argument("--ec-trials", type=int, default=50, help="candidates the one-shot arm scores (with measured "
+                   "latency and a 2,000-example validation split, about 10 s each at 512 tokens)")  # fmt: skip
     p.add_argument("--finetune-steps", type=int, default=400, help="training of each pick and of the reference")
     p.add_argument("--min-speedup", type=float, default=3.0, help="each pick this many times faster than the reference")
     p.add_argument("--work", default="runs/bench-supernet", help="the equal-cost arms' supernet, studies and models")
