@@ -24,7 +24,14 @@ with ``--n-train 32000 --n-eval 2000``: a 2,000-example test split (LRA's size) 
 
 Steps 3 and 4 do not depend on the supernet: ``--ledger`` keeps their figures as each subnet is measured, so
 they can be gathered over several sittings (``--truth-only --max-new N``) and a supernet ranked against them
-later.
+later. Steps 1 and 2 do not depend on the ground truth: ``--scores`` keeps each supernet's inherited score of
+every drawn subnet, so a supernet is trained once per space, rule and budget (about an hour at the protocol's)
+and ranked again, without training, as the ledger fills. While the ledger lacks some subnets the ranking is
+taken over those it holds and printed as PARTIAL (``--max-new 0`` trains none of them now):
+
+    python bench/supernet.py --max-len 512 --n-train 32000 --n-eval 2000 --max-new 0 \
+        --ledger bench/results/supernet-ranking-listops512.jsonl \
+        --scores bench/results/supernet-inherited-listops512.jsonl [--spaces default] [--sampling uniform]
 
 No ranking can agree with the ground truth better than the ground truth agrees with itself. With ``--ledger``
 the bench prints each space's standalone spread beside the noise of one figure (the spread of subnets trained
@@ -53,7 +60,7 @@ The issue's protocol (>= 40 CPU minutes a search; about 75 minutes alone on 2 co
                              [--proxy-steps 200] [--spaces default,per_layer] [--train-threads 2]
                              [--sampling uniform,sandwich] [--sandwich-random 2]
                              [--json out.json] [--ledger runs/ranking.jsonl [--truth-only] [--max-new N] [--only I,J]
-                             [--train-seed K]]
+                             [--train-seed K]] [--scores runs/inherited.jsonl]
     python bench/supernet.py --tables equal-cost [--ec-supernet-steps 1200] [--ec-trials 50]
                              [--finetune-steps 400] [--work runs/bench-supernet]
 """
@@ -175,25 +182,63 @@ def machine() -> str:
     return f"{os.cpu_count()} cores, {threads}"
 
 
-def draw_subnets(name: str, task, args) -> list:
-    """The ``--subnets`` subnets of space ``name`` the ranking is measured on (drawn uniformly with ``--seed``)."""
-    space = load_space_for_task(name, task)
+def draw_subnets(space, task, args) -> list:
+    """The ``--subnets`` subnets of ``space`` the ranking is measured on (drawn uniformly with ``--seed``)."""
     rng = random.Random(args.seed)
     return [space.suggest(RandomDraw(rng), task.model_fields()) for _ in range(args.subnets)]
 
 
-def run_space(name: str, task, args, ledger: Ledger | None) -> list[dict] | None:
-    fields = task.model_fields()
-    space = load_space_for_task(name, task)
-    subnets = draw_subnets(name, task, args)
-    truth_rows = []  # the proxy and standalone figures of each subnet: from the ledger, or trained now
+class Scores:
+    """Each supernet's inherited-weight validation accuracy of every drawn subnet, one JSON line per supernet.
+
+    A supernet at the protocol's budget costs an hour on 2 cores and depends only on the space, the sampling
+    rule and the budgets, not on the ground truth: its scores are kept (``--scores``) so that a ranking can be
+    taken again, as the ledger's standalone rows come in, without training it again. Lines of other budgets are
+    kept and ignored.
+    """
+
+    BUDGET = ("max_len", "n_train", "n_eval", "seed", "lr", "supernet_steps", "sandwich_random")
+
+    def __init__(self, path: str, args) -> None:
+        self.path, self.budget = Path(path), {k: getattr(args, k) for k in self.BUDGET}
+        self.runs: dict[tuple[str, str], dict] = {}
+        lines = self.path.read_text(encoding="utf-8").splitlines() if self.path.exists() else []
+        for n, line in enumerate(lines, 1):
+            try:
+                doc = json.loads(line)
+            except json.JSONDecodeError:
+                print(f"{self.path}:{n}: not a JSON line, ignored", file=sys.stderr)
+                continue
+            if doc["budget"] == self.budget:
+                self.runs[doc["space"], doc["sampling"]] = doc
+
+    def get(self, space: str, rule: str, subnets: list) -> dict | None:
+        """The run of ``space`` and ``rule`` at this budget, if it scored exactly these subnets."""
+        run = self.runs.get((space, rule))
+        if run and [s["config"] for s in run["scores"]] == [describe_config(cfg) for cfg in subnets]:
+            return run
+        return None
+
+    def add(self, run: dict) -> None:
+        doc = {"budget": self.budget, **run}
+        self.runs[run["space"], run["sampling"]] = doc
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(doc) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def measure_truth(name: str, subnets: list, task, args, ledger: Ledger | None) -> list[dict | None]:
+    """Each subnet's proxy and standalone figures: from the ledger, or trained now (``--only``, ``--max-new``
+    choose which); None where neither."""
+    truth_rows: list[dict | None] = []
     for i, cfg in enumerate(subnets):
         if ledger and (row := ledger.get(name, cfg)):
             truth_rows.append(row)
             continue
-        if args.max_new is not None and args.max_new <= 0:
-            continue  # (the ledger's later rows still count)
-        if args.only and i + 1 not in args.only:
+        if (args.max_new is not None and args.max_new <= 0) or (args.only and i + 1 not in args.only):
+            truth_rows.append(None)  # (left for another sitting; the ledger's later rows still count)
             continue
         t0 = time.perf_counter()
         proxy = train_model(cfg, task, TrainSettings(steps=args.proxy_steps, lr=args.lr, seed=args.train_seed),
@@ -214,50 +259,78 @@ def run_space(name: str, task, args, ledger: Ledger | None) -> list[dict] | None
         print(f"  [{name} {i + 1}/{len(subnets)}] {row['config'][:70]:70s} proxy {proxy_valid:.3f}  standalone "
               f"{alone.test_metric:.3f}  ({row['proxy_s'] + row['standalone_s']:.0f} s)", file=sys.stderr,
               flush=True)  # fmt: skip
-    if len(truth_rows) < len(subnets) or args.truth_only or args.train_seed != args.seed:
-        print(f"  [{name}] standalone figures of {len(truth_rows)} of {len(subnets)} subnets"
-              + (f" in {args.ledger}" if ledger else ""), file=sys.stderr, flush=True)  # fmt: skip
-        return None
-
-    return [score_with_supernet(space, fields, subnets, truth_rows, task, rule, args)
-            for rule in args.sampling.split(",")]  # fmt: skip
+    return truth_rows
 
 
-def score_with_supernet(space, fields, subnets, truth_rows, task, rule: str, args) -> dict:
-    """Train a supernet over ``space`` with the sampling rule ``rule`` and rank ``subnets`` by inherited weights.
+def score_with_supernet(space, subnets: list, task, rule: str, args) -> dict:
+    """Train a supernet over ``space`` with the sampling rule ``rule`` and score each of ``subnets`` on the
+    validation split with its inherited weights.
 
     The sandwich rule trains 2 + ``--sandwich-random`` subnets a step: it gets ``--supernet-steps`` divided by
     that many steps, the same number of subnet passes as uniform sampling (its seconds are printed beside).
     """
-    sn = build_supernet(space, fields, seed=args.seed)
+    sn = build_supernet(space, task.model_fields(), seed=args.seed)
     start = time.perf_counter()
     settings = SupernetTrainSettings(steps=1, lr=args.lr, seed=args.seed, sampling=rule,
                                      sandwich_random=args.sandwich_random)  # fmt: skip
     settings = dataclasses.replace(settings, steps=max(1, args.supernet_steps // settings.subnets_per_step))
     record = train_supernet(sn, task, settings, progress=False)
     supernet_s = time.perf_counter() - start
-    rows = []
-    for cfg, row in zip(subnets, truth_rows):
+    scores = []
+    for cfg in subnets:
         t0 = time.perf_counter()
         inherited = evaluate(extract_subnet(sn, cfg), task, "valid")
-        rows.append({**row, "inherited_valid": inherited, "score_s": time.perf_counter() - t0})
+        scores.append({"config": describe_config(cfg), "inherited_valid": inherited,
+                       "score_s": time.perf_counter() - t0})  # fmt: skip
+    print(f"  [{space.name} {rule}] supernet {record['subnet_passes']} subnet passes in {supernet_s:.0f} s; "
+          f"{len(scores)} subnets scored", file=sys.stderr, flush=True)  # fmt: skip
+    return {"space": space.name, "sampling": rule, "supernet_steps": record["steps"],
+            "subnet_passes": record["subnet_passes"], "supernet_seconds": supernet_s,
+            "supernet_parameters": sn.n_parameters(), "machine": machine(), "scores": scores}  # fmt: skip
+
+
+def rank(run: dict, truth_rows: list[dict | None]) -> dict:
+    """Kendall tau of the supernet run's scores and of the proxy against the standalone figures, over the
+    subnets whose standalone figures are measured."""
+    rows = [{**row, **score} for score, row in zip(run["scores"], truth_rows) if row is not None]
     truth = [r["standalone_test"] for r in rows]
-    here = machine()
-    alike = [r for r in rows if r.get("machine") == here]
+    alike = [r for r in rows if r.get("machine") == run["machine"]]
     return {
-        "space": space.name, "sampling": rule, "subnets": len(rows), "rows": rows, "supernet_steps": record["steps"],
-        "subnet_passes": record["subnet_passes"], "supernet_seconds": supernet_s,
-        "supernet_parameters": sn.n_parameters(),
+        **{k: v for k, v in run.items() if k not in ("scores", "budget")},
+        "subnets": len(rows), "drawn": len(truth_rows), "rows": rows,
         "tau_inherited": tau([r["inherited_valid"] for r in rows], truth),
         "tau_proxy": tau([r["proxy_valid"] for r in rows], truth),
-        "score_s": sum(r["score_s"] for r in rows) / len(rows),
-        # Seconds compare only on one machine and thread count: the rows measured as this supernet is.
+        "score_s": sum(s["score_s"] for s in run["scores"]) / len(run["scores"]),
+        # Seconds compare only on one machine and thread count: the rows measured where this supernet was.
         "standalone_s": sum(r["standalone_s"] for r in alike) / len(alike) if alike else float("nan"),
         "standalone_rows": len(alike),
         "best_by_inherited": max(rows, key=lambda r: r["inherited_valid"])["standalone_test"],
         "best_by_proxy": max(rows, key=lambda r: r["proxy_valid"])["standalone_test"],
         "best": max(truth),
     }  # fmt: skip
+
+
+def run_space(name: str, task, args, ledger: Ledger | None, scores: Scores | None) -> tuple[list, list[dict]]:
+    """The space's drawn subnets and, unless ``--truth-only``, one ranking per sampling rule (a supernet trained
+    now, or its scores taken from ``--scores``), over the subnets whose standalone figures are measured."""
+    space = load_space_for_task(name, task)
+    subnets = draw_subnets(space, task, args)
+    truth_rows = measure_truth(name, subnets, task, args, ledger)
+    measured = sum(row is not None for row in truth_rows)
+    if measured < len(subnets) or args.truth_only or args.train_seed != args.seed:
+        print(f"  [{name}] standalone figures of {measured} of {len(subnets)} subnets"
+              + (f" in {args.ledger}" if ledger else ""), file=sys.stderr, flush=True)  # fmt: skip
+    if args.truth_only or args.train_seed != args.seed or measured < 3:
+        return subnets, []
+    results = []
+    for rule in args.sampling.split(","):
+        run = scores.get(name, rule, subnets) if scores else None
+        if run is None:
+            run = score_with_supernet(space, subnets, task, rule, args)
+            if scores:
+                scores.add(run)
+        results.append(rank(run, truth_rows))
+    return subnets, results
 
 
 class Clock:
@@ -392,6 +465,9 @@ def main() -> int:
                    "they are measured, and take those it holds (a stopped run resumes)")  # fmt: skip
     p.add_argument("--truth-only", action="store_true", help="measure the proxy and standalone figures only "
                    "(no supernet): with --ledger, the protocol's hours in as many sittings as it takes")  # fmt: skip
+    p.add_argument("--scores", metavar="JSONL", help="keep each supernet's inherited scores of the drawn subnets "
+                   "here, and take those it holds (a supernet of the same space, rule and budget is not trained "
+                   "again as the ledger fills)")  # fmt: skip
     p.add_argument("--max-new", type=int, help="train at most this many subnets not in the ledger, then stop")
     p.add_argument("--only", type=lambda v: {int(i) for i in v.split(",")}, metavar="I,J,...",
                    help="train only these of each space's subnets (numbered from 1) now; the others are taken "
@@ -415,7 +491,7 @@ def main() -> int:
         print()
         print_equal_cost(doc["equal_cost"], task.chance("test"))
     if "ranking" in tables:
-        doc["results"] = print_ranking(task, args)
+        doc["ranking"] = print_ranking(task, args)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(doc, f, indent=2)
@@ -437,8 +513,9 @@ def ground_noise(ledger: Ledger | None, mean: float, n_test: int) -> tuple[float
     return (mean * (1 - mean) / n_test) ** 0.5, f"binomial, {n_test} examples; no seed repeats"
 
 
-def print_ground_truth(task, args, ledger: Ledger) -> dict:
-    """The standalone figures' spread beside their own noise: how high any ranking's tau can be against them."""
+def print_ground_truth(task, args, ledger: Ledger, drawn: dict[str, list]) -> dict:
+    """The standalone figures' spread beside their own noise: how high any ranking's tau can be against them
+    (``drawn``: each space's subnets)."""
     print()
     print(f"Ground truth: standalone test accuracy after {args.standalone_steps} steps (training seed {args.seed}), "
           "and the tau a ranker that knew each subnet's expected accuracy would reach against it")  # fmt: skip
@@ -446,8 +523,8 @@ def print_ground_truth(task, args, ledger: Ledger) -> dict:
           "(5-95%) | chance |")  # fmt: skip
     print("|---|---|---|---|---|---|---|")
     doc = {}
-    for name in args.spaces.split(","):
-        cells = [ledger.repeats.get((name, describe_config(cfg)), {}) for cfg in draw_subnets(name, task, args)]
+    for name, subnets in drawn.items():
+        cells = [ledger.repeats.get((name, describe_config(cfg)), {}) for cfg in subnets]
         truth = [c[args.seed] for c in cells if args.seed in c]
         if len(truth) < 3:
             print(f"| {name} | {len(truth)} of {args.subnets} | - | - | - | - | {task.chance('test'):.4f} |")
@@ -471,27 +548,34 @@ def print_ground_truth(task, args, ledger: Ledger) -> dict:
     return doc
 
 
-def print_ranking(task, args) -> list[dict]:
+def print_ranking(task, args) -> dict:
     ledger = Ledger(args.ledger, args) if args.ledger else None
-    measured = {name: run_space(name, task, args, ledger) for name in args.spaces.split(",")}
-    if ledger:
-        print_ground_truth(task, args, ledger)
-    if args.train_seed != args.seed:
-        return []  # (rows of another training seed measure the ground truth's noise, not a ranking)
-    if missing := [name for name, r in measured.items() if r is None]:
-        print(f"no ranking table yet: the standalone figures of the {', '.join(missing)} space are not all measured"
-              + (f" (see {args.ledger})" if args.ledger else ""))  # fmt: skip
-        return []
-    results = [r for rules in measured.values() for r in rules]
-    for r in results:
+    scores = Scores(args.scores, args) if args.scores else None
+    drawn, results = {}, []
+    for name in args.spaces.split(","):
+        drawn[name], ranked = run_space(name, task, args, ledger, scores)
+        results += ranked
+    ground = print_ground_truth(task, args, ledger, drawn) if ledger else {}
+    if not results:
+        if not args.truth_only and args.train_seed == args.seed:
+            print("no ranking table: fewer than 3 subnets of each space have standalone figures")
+        return {"ground_truth": ground, "rankings": []}
+    for r in results:  # the ground truth's ceiling, over the subnets ranked (all those the ledger holds)
         truth = [row["standalone_test"] for row in r["rows"]]
-        r["perfect_ranker_tau"] = noise_ceiling(truth, ground_noise(ledger, float(np.mean(truth)), args.n_eval)[0])
+        if r["space"] in ground:
+            r["perfect_ranker_tau"] = ground[r["space"]]["perfect_ranker_tau"]
+        else:
+            r["perfect_ranker_tau"] = noise_ceiling(truth, ground_noise(ledger, float(np.mean(truth)), args.n_eval)[0])
     protocol = args.max_len >= 512 and args.subnets >= 24 and args.standalone_steps >= 1000
     print()
     print(f"{args.subnets} subnets per space; supernet {args.supernet_steps} steps, proxy {args.proxy_steps}, "
           f"standalone {args.standalone_steps} steps; "
           + ("the issue's protocol" if protocol else "SMALLER than the issue's protocol (512 tokens, 24 subnets, "
              ">= 1,000 standalone steps)"))  # fmt: skip
+    if partial := [r for r in results if r["subnets"] < r["drawn"]]:
+        print("PARTIAL: " + "; ".join(f"{r['space']} ({r['sampling']}) ranked over the {r['subnets']} of its "
+                                      f"{r['drawn']} subnets whose standalone figures are measured" for r in partial)
+              + " (the ones left are mostly the slowest to train, so these are not a uniform draw)")  # fmt: skip
     print(
         "Ranking fidelity (Kendall tau-b against standalone test accuracy; target: inherited >= 0.6 and above "
         "the proxy)"
@@ -503,7 +587,8 @@ def print_ranking(task, args) -> list[dict]:
     )
     print("|---|---|---|---|---|---|---|---|")
     for r in results:
-        print(f"| {r['space']} | {r['sampling']} | {r['subnets']} | {r['tau_inherited']:.3f} | {r['tau_proxy']:.3f} | "
+        print(f"| {r['space']} | {r['sampling']} | {r['subnets']} of {r['drawn']} | {r['tau_inherited']:.3f} | "
+              f"{r['tau_proxy']:.3f} | "
               f"{r['perfect_ranker_tau'][0]:.2f} | "
               f"{r['best_by_inherited']:.4f} / {r['best_by_proxy']:.4f} / {r['best']:.4f} | "
               f"{task.chance('test'):.4f} |")  # fmt: skip
@@ -523,7 +608,7 @@ def print_ranking(task, args) -> list[dict]:
                  else "no row measured on this machine and threads")
               + f" | {r['score_s']:.2f} | "
               f"{60 / r['score_s']:.0f} |")  # fmt: skip
-    return results
+    return {"ground_truth": ground, "rankings": results}
 
 
 if __name__ == "__main__":
