@@ -122,6 +122,35 @@ def noise_ceiling(values: list[float], noise_sd: float, draws: int = 2000, seed:
     return float(taus.mean()), float(taus[int(0.05 * draws)]), float(taus[int(0.95 * draws)])
 
 
+def read_lines(path: Path) -> list[dict]:
+    """The JSON lines of a ledger file (none if it does not exist); a line cut by a kill is skipped, and its
+    figures are measured again."""
+    docs = []
+    lines = path.read_text(encoding="utf-8").splitlines() if path.exists() else []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            docs.append(json.loads(line))
+        except json.JSONDecodeError:
+            print(f"{path}:{n}: not a JSON line, ignored", file=sys.stderr)
+    return docs
+
+
+def append_line(path: Path, doc: dict) -> None:
+    """Append ``doc`` to a ledger file as one JSON line, on disk before this returns (after a line a kill cut
+    short, on a line of its own)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+b") as f:
+        cut = False
+        if f.seek(0, os.SEEK_END) > 0:
+            f.seek(-1, os.SEEK_END)
+            cut = f.read(1) != b"\n"
+        f.write((b"\n" if cut else b"") + json.dumps(doc).encode("utf-8") + b"\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
 class Ledger:
     """The proxy and standalone figures of each subnet, one JSON line each, appended as each is measured.
 
@@ -137,13 +166,7 @@ class Ledger:
         self.rows: dict[tuple[str, str], dict] = {}  # this budget's rows
         self.repeats: dict[tuple[str, str], dict[int, float]] = {}  # standalone test by training seed, any seed
         same = {k: v for k, v in self.budget.items() if k != "train_seed"}
-        lines = self.path.read_text(encoding="utf-8").splitlines() if self.path.exists() else []
-        for n, line in enumerate(lines, 1):
-            try:
-                doc = json.loads(line)
-            except json.JSONDecodeError:  # a line cut by a kill: measured again
-                print(f"{self.path}:{n}: not a JSON line, ignored", file=sys.stderr)
-                continue
+        for doc in read_lines(self.path):
             budget = {"train_seed": doc["budget"]["seed"], **doc["budget"]}  # (lines before --train-seed)
             key = doc["space"], doc["row"]["config"]
             if budget == self.budget:
@@ -157,12 +180,8 @@ class Ledger:
     def add(self, space: str, cfg, row: dict) -> None:
         self.rows[space, row["config"]] = row
         self.repeats.setdefault((space, row["config"]), {})[self.budget["train_seed"]] = row["standalone_test"]
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write(json.dumps({"space": space, "budget": self.budget, "machine": machine(), "model_config":
-                                cfg.to_dict(), "row": row}) + "\n")  # fmt: skip
-            f.flush()
-            os.fsync(f.fileno())
+        append_line(self.path, {"space": space, "budget": self.budget, "machine": machine(),
+                                "model_config": cfg.to_dict(), "row": row})  # fmt: skip
 
 
 def machine() -> str:
@@ -202,13 +221,7 @@ class Scores:
     def __init__(self, path: str, args) -> None:
         self.path, self.budget = Path(path), {k: getattr(args, k) for k in self.BUDGET}
         self.runs: dict[tuple[str, str], dict] = {}
-        lines = self.path.read_text(encoding="utf-8").splitlines() if self.path.exists() else []
-        for n, line in enumerate(lines, 1):
-            try:
-                doc = json.loads(line)
-            except json.JSONDecodeError:
-                print(f"{self.path}:{n}: not a JSON line, ignored", file=sys.stderr)
-                continue
+        for doc in read_lines(self.path):
             if doc["budget"] == self.budget:
                 self.runs[doc["space"], doc["sampling"]] = doc
 
@@ -222,11 +235,7 @@ class Scores:
     def add(self, run: dict) -> None:
         doc = {"budget": self.budget, **run}
         self.runs[run["space"], run["sampling"]] = doc
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(doc) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        append_line(self.path, doc)
 
 
 def measure_truth(name: str, subnets: list, task, args, ledger: Ledger | None) -> list[dict | None]:
