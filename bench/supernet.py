@@ -291,11 +291,13 @@ def score_with_supernet(space, subnets: list, task, rule: str, args) -> dict:
         inherited = evaluate(extract_subnet(sn, cfg), task, "valid")
         scores.append({"config": describe_config(cfg), "inherited_valid": inherited,
                        "score_s": time.perf_counter() - t0})  # fmt: skip
-    print(f"  [{space.name} {rule}] supernet {record['subnet_passes']} subnet passes in {supernet_s:.0f} s; "
+    print(f"  [{space.name} {rule}] supernet {record['subnet_passes']} subnet passes in {supernet_s:.0f} s (final "
+          f"loss {record['final_loss']:.3f}, reference subnet {record['reference_valid']:.4f} validation); "
           f"{len(scores)} subnets scored", file=sys.stderr, flush=True)  # fmt: skip
     return {"space": space.name, "sampling": rule, "supernet_steps": record["steps"],
             "subnet_passes": record["subnet_passes"], "supernet_seconds": supernet_s,
-            "supernet_parameters": sn.n_parameters(), "machine": machine(), "scores": scores}  # fmt: skip
+            "supernet_parameters": sn.n_parameters(), "final_loss": record["final_loss"],
+            "reference_valid": record["reference_valid"], "machine": machine(), "scores": scores}  # fmt: skip
 
 
 def rank(run: dict, truth_rows: list[dict | None]) -> dict:
