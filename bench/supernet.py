@@ -6,7 +6,8 @@ For each space (``--spaces``, default ``default`` and ``per_layer``) on ListOps 
    (``--sampling uniform``) and/or, with ``--sampling sandwich``, the sandwich rule's 2 + ``--sandwich-random``
    subnets a step (fewer steps, the same passes);
 2. ``--subnets`` subnets are drawn uniformly (seeded); each is scored on the validation split with its
-   inherited weights (no training): the one-shot search's signal;
+   inherited weights (no training): the one-shot search's signal, its accuracy and its mean cross-entropy (the
+   loss, which HAT ranks by, still tells apart subnets whose predictions, and so accuracies, are the same);
 3. each is trained from scratch for ``--proxy-steps`` steps (the standalone search's per-trial budget, 200 by
    default): today's proxy, scored on the validation split;
 4. each is trained standalone from scratch for ``--standalone-steps`` steps and scored on the test split: the
@@ -27,11 +28,13 @@ they can be gathered over several sittings (``--truth-only --max-new N``) and a 
 later. Steps 1 and 2 do not depend on the ground truth: ``--scores`` keeps each supernet's inherited score of
 every drawn subnet, so a supernet is trained once per space, rule and budget (about an hour at the protocol's)
 and ranked again, without training, as the ledger fills. While the ledger lacks some subnets the ranking is
-taken over those it holds and printed as PARTIAL (``--max-new 0`` trains none of them now):
+taken over those it holds and printed as PARTIAL (``--max-new 0`` trains none of them now, but a space and
+rule without kept scores, or with scores from before the losses were kept, gets its supernet trained: name
+only the ones wanted with ``--spaces`` and ``--sampling``):
 
     python bench/supernet.py --max-len 512 --n-train 32000 --n-eval 2000 --max-new 0 \
         --ledger bench/results/supernet-ranking-listops512.jsonl \
-        --scores bench/results/supernet-inherited-listops512.jsonl [--spaces default] [--sampling uniform]
+        --scores bench/results/supernet-inherited-listops512.jsonl --spaces default --sampling uniform
 
 No ranking can agree with the ground truth better than the ground truth agrees with itself. With ``--ledger``
 the bench prints each space's standalone spread beside the noise of one figure (the spread of subnets trained
@@ -201,6 +204,24 @@ def machine() -> str:
     return f"{os.cpu_count()} cores, {threads}"
 
 
+MIN_RANKED = 3  # subnets with standalone figures a ranking (and the ground truth's spread) needs
+
+
+@torch.no_grad()
+def accuracy_and_loss(model, task, split: str) -> tuple[float, float]:
+    """``model``'s accuracy on ``split`` and its mean cross-entropy there (nats): the loss still tells apart
+    models whose predictions, and so whose accuracies, are the same (HAT ranks its SubTransformers by loss)."""
+    model.eval()
+    correct = total = 0
+    nll = 0.0
+    for ids, mask, labels in task.batches(split, 32, by_length=True):
+        logits = model(ids, mask)
+        correct += int((logits.argmax(-1) == labels).sum())
+        nll += float(torch.nn.functional.cross_entropy(logits, labels, reduction="sum"))
+        total += len(labels)
+    return correct / total, nll / total
+
+
 def draw_subnets(space, task, args) -> list:
     """The ``--subnets`` subnets of ``space`` the ranking is measured on (drawn uniformly with ``--seed``)."""
     rng = random.Random(args.seed)
@@ -226,11 +247,16 @@ class Scores:
                 self.runs[doc["space"], doc["sampling"]] = doc
 
     def get(self, space: str, rule: str, subnets: list) -> dict | None:
-        """The run of ``space`` and ``rule`` at this budget, if it scored exactly these subnets."""
+        """The run of ``space`` and ``rule`` at this budget, if it scored exactly these subnets and kept their
+        losses (a run from before the losses were kept is trained again)."""
         run = self.runs.get((space, rule))
-        if run and [s["config"] for s in run["scores"]] == [describe_config(cfg) for cfg in subnets]:
-            return run
-        return None
+        if not run or [s["config"] for s in run["scores"]] != [describe_config(cfg) for cfg in subnets]:
+            return None
+        if any("inherited_loss" not in s for s in run["scores"]):
+            print(f"  [{space} {rule}] the supernet in {self.path} was scored before losses were kept: "
+                  "training it again", file=sys.stderr, flush=True)  # fmt: skip
+            return None
+        return run
 
     def add(self, run: dict) -> None:
         doc = {"budget": self.budget, **run}
@@ -288,8 +314,8 @@ def score_with_supernet(space, subnets: list, task, rule: str, args) -> dict:
     scores = []
     for cfg in subnets:
         t0 = time.perf_counter()
-        inherited = evaluate(extract_subnet(sn, cfg), task, "valid")
-        scores.append({"config": describe_config(cfg), "inherited_valid": inherited,
+        inherited, loss = accuracy_and_loss(extract_subnet(sn, cfg), task, "valid")
+        scores.append({"config": describe_config(cfg), "inherited_valid": inherited, "inherited_loss": loss,
                        "score_s": time.perf_counter() - t0})  # fmt: skip
     print(f"  [{space.name} {rule}] supernet {record['subnet_passes']} subnet passes in {supernet_s:.0f} s (final "
           f"loss {record['final_loss']:.3f}, reference subnet {record['reference_valid']:.4f} validation); "
@@ -300,23 +326,34 @@ def score_with_supernet(space, subnets: list, task, rule: str, args) -> dict:
             "reference_valid": record["reference_valid"], "machine": machine(), "scores": scores}  # fmt: skip
 
 
+def pick(rows: list[dict], key) -> dict:
+    """The standalone test accuracy of the subnet ``key`` scores highest, and, where several tie at the top,
+    the mean over the tied ones (what a pick among them is worth on average) and how many tie."""
+    top = max(key(r) for r in rows)
+    tied = [r["standalone_test"] for r in rows if key(r) == top]
+    return {"test": float(np.mean(tied)), "tied": len(tied)}
+
+
 def rank(run: dict, truth_rows: list[dict | None]) -> dict:
-    """Kendall tau of the supernet run's scores and of the proxy against the standalone figures, over the
-    subnets whose standalone figures are measured."""
+    """Kendall tau of the supernet run's scores (its accuracy and, negated, its loss) and of the proxy against
+    the standalone figures, over the subnets whose standalone figures are measured."""
     rows = [{**row, **score} for score, row in zip(run["scores"], truth_rows) if row is not None]
     truth = [r["standalone_test"] for r in rows]
+    has_loss = all("inherited_loss" in r for r in rows)
     alike = [r for r in rows if r.get("machine") == run["machine"]]
     return {
         **{k: v for k, v in run.items() if k not in ("scores", "budget")},
         "subnets": len(rows), "drawn": len(truth_rows), "rows": rows,
         "tau_inherited": tau([r["inherited_valid"] for r in rows], truth),
+        "tau_inherited_loss": tau([-r["inherited_loss"] for r in rows], truth) if has_loss else None,
         "tau_proxy": tau([r["proxy_valid"] for r in rows], truth),
         "score_s": sum(s["score_s"] for s in run["scores"]) / len(run["scores"]),
         # Seconds compare only on one machine and thread count: the rows measured where this supernet was.
         "standalone_s": sum(r["standalone_s"] for r in alike) / len(alike) if alike else float("nan"),
         "standalone_rows": len(alike),
-        "best_by_inherited": max(rows, key=lambda r: r["inherited_valid"])["standalone_test"],
-        "best_by_proxy": max(rows, key=lambda r: r["proxy_valid"])["standalone_test"],
+        "pick_by_inherited": pick(rows, lambda r: r["inherited_valid"]),
+        "pick_by_inherited_loss": pick(rows, lambda r: -r["inherited_loss"]) if has_loss else None,
+        "pick_by_proxy": pick(rows, lambda r: r["proxy_valid"]),
         "best": max(truth),
     }  # fmt: skip
 
@@ -331,7 +368,7 @@ def run_space(name: str, task, args, ledger: Ledger | None, scores: Scores | Non
     if measured < len(subnets) or args.truth_only or args.train_seed != args.seed:
         print(f"  [{name}] standalone figures of {measured} of {len(subnets)} subnets"
               + (f" in {args.ledger}" if ledger else ""), file=sys.stderr, flush=True)  # fmt: skip
-    if args.truth_only or args.train_seed != args.seed or measured < 3:
+    if args.truth_only or args.train_seed != args.seed or measured < MIN_RANKED:
         return subnets, []
     results = []
     for rule in args.sampling.split(","):
@@ -537,7 +574,7 @@ def print_ground_truth(task, args, ledger: Ledger, drawn: dict[str, list]) -> di
     for name, subnets in drawn.items():
         cells = [ledger.repeats.get((name, describe_config(cfg)), {}) for cfg in subnets]
         truth = [c[args.seed] for c in cells if args.seed in c]
-        if len(truth) < 3:
+        if len(truth) < MIN_RANKED:
             print(f"| {name} | {len(truth)} of {args.subnets} | - | - | - | - | {task.chance('test'):.4f} |")
             continue
         noise, source = ground_noise(ledger, float(np.mean(truth)), args.n_eval)
@@ -569,7 +606,7 @@ def print_ranking(task, args) -> dict:
     ground = print_ground_truth(task, args, ledger, drawn) if ledger else {}
     if not results:
         if not args.truth_only and args.train_seed == args.seed:
-            print("no ranking table: fewer than 3 subnets of each space have standalone figures")
+            print(f"no ranking table: fewer than {MIN_RANKED} subnets of each space have standalone figures")
         return {"ground_truth": ground, "rankings": []}
     for r in results:  # the ground truth's ceiling, over the subnets ranked (all those the ledger holds)
         truth = [row["standalone_test"] for row in r["rows"]]
@@ -592,17 +629,25 @@ def print_ranking(task, args) -> dict:
         "the proxy)"
     )
     print(
-        "| space | sampling | subnets | tau inherited (supernet) | tau proxy (from scratch, "
+        "| space | sampling | subnets | tau inherited accuracy / loss (supernet) | tau proxy (from scratch, "
         f"{args.proxy_steps} steps) | tau of a perfect ranker (the ground truth's noise) | standalone test of the "
-        "pick by inherited / by proxy / best | chance |"
+        "pick by inherited accuracy / by inherited loss / by proxy / best | chance |"
     )
     print("|---|---|---|---|---|---|---|---|")
+
+    def shown(value, fmt: str) -> str:
+        return "-" if value is None else format(value, fmt)
+
+    def picked(p: dict | None) -> str:
+        if p is None:
+            return "-"
+        return f"{p['test']:.4f}" + (f" (mean of a {p['tied']}-way tie)" if p["tied"] > 1 else "")
+
     for r in results:
-        print(f"| {r['space']} | {r['sampling']} | {r['subnets']} of {r['drawn']} | {r['tau_inherited']:.3f} | "
-              f"{r['tau_proxy']:.3f} | "
-              f"{r['perfect_ranker_tau'][0]:.2f} | "
-              f"{r['best_by_inherited']:.4f} / {r['best_by_proxy']:.4f} / {r['best']:.4f} | "
-              f"{task.chance('test'):.4f} |")  # fmt: skip
+        print(f"| {r['space']} | {r['sampling']} | {r['subnets']} of {r['drawn']} | {r['tau_inherited']:.3f} / "
+              f"{shown(r['tau_inherited_loss'], '.3f')} | {r['tau_proxy']:.3f} | {r['perfect_ranker_tau'][0]:.2f} | "
+              f"{picked(r['pick_by_inherited'])} / {picked(r['pick_by_inherited_loss'])} / "
+              f"{picked(r['pick_by_proxy'])} / {r['best']:.4f} | {task.chance('test'):.4f} |")  # fmt: skip
     print()
     print("Cost")
     print(
