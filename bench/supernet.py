@@ -334,10 +334,13 @@ def pick(rows: list[dict], key) -> dict:
     return {"test": float(np.mean(tied)), "tied": len(tied)}
 
 
-def rank(run: dict, truth_rows: list[dict | None]) -> dict:
+def rank(run: dict, subnets: list, truth_rows: list[dict | None]) -> dict:
     """Kendall tau of the supernet run's scores (its accuracy and, negated, its loss) and of the proxy against
-    the standalone figures, over the subnets whose standalone figures are measured."""
-    rows = [{**row, **score} for score, row in zip(run["scores"], truth_rows) if row is not None]
+    the standalone figures, over the subnets whose standalone figures are measured; beside them, two rankers
+    that train nothing and read only the architecture's size (narrower first; fewer parameters first): what a
+    signal must beat to say more than "small models train faster"."""
+    rows = [{**row, **score, "d_model": cfg.d_model}
+            for score, cfg, row in zip(run["scores"], subnets, truth_rows) if row is not None]  # fmt: skip
     truth = [r["standalone_test"] for r in rows]
     has_loss = all("inherited_loss" in r for r in rows)
     alike = [r for r in rows if r.get("machine") == run["machine"]]
@@ -347,6 +350,8 @@ def rank(run: dict, truth_rows: list[dict | None]) -> dict:
         "tau_inherited": tau([r["inherited_valid"] for r in rows], truth),
         "tau_inherited_loss": tau([-r["inherited_loss"] for r in rows], truth) if has_loss else None,
         "tau_proxy": tau([r["proxy_valid"] for r in rows], truth),
+        "tau_narrower": tau([-r["d_model"] for r in rows], truth),
+        "tau_fewer_parameters": tau([-r["parameters"] for r in rows], truth),
         "score_s": sum(s["score_s"] for s in run["scores"]) / len(run["scores"]),
         # Seconds compare only on one machine and thread count: the rows measured where this supernet was.
         "standalone_s": sum(r["standalone_s"] for r in alike) / len(alike) if alike else float("nan"),
@@ -377,7 +382,7 @@ def run_space(name: str, task, args, ledger: Ledger | None, scores: Scores | Non
             run = score_with_supernet(space, subnets, task, rule, args)
             if scores:
                 scores.add(run)
-        results.append(rank(run, truth_rows))
+        results.append(rank(run, subnets, truth_rows))
     return subnets, results
 
 
@@ -630,10 +635,11 @@ def print_ranking(task, args) -> dict:
     )
     print(
         "| space | sampling | subnets | tau inherited accuracy / loss (supernet) | tau proxy (from scratch, "
-        f"{args.proxy_steps} steps) | tau of a perfect ranker (the ground truth's noise) | standalone test of the "
+        f"{args.proxy_steps} steps) | tau by size alone: narrower / fewer parameters first | tau of a perfect "
+        "ranker (the ground truth's noise) | standalone test of the "
         "pick by inherited accuracy / by inherited loss / by proxy / best | chance |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
 
     def shown(value, fmt: str) -> str:
         return "-" if value is None else format(value, fmt)
@@ -645,7 +651,8 @@ def print_ranking(task, args) -> dict:
 
     for r in results:
         print(f"| {r['space']} | {r['sampling']} | {r['subnets']} of {r['drawn']} | {r['tau_inherited']:.3f} / "
-              f"{shown(r['tau_inherited_loss'], '.3f')} | {r['tau_proxy']:.3f} | {r['perfect_ranker_tau'][0]:.2f} | "
+              f"{shown(r['tau_inherited_loss'], '.3f')} | {r['tau_proxy']:.3f} | {r['tau_narrower']:.3f} / "
+              f"{r['tau_fewer_parameters']:.3f} | {r['perfect_ranker_tau'][0]:.2f} | "
               f"{picked(r['pick_by_inherited'])} / {picked(r['pick_by_inherited_loss'])} / "
               f"{picked(r['pick_by_proxy'])} / {r['best']:.4f} | {task.chance('test'):.4f} |")  # fmt: skip
     print()
