@@ -59,6 +59,16 @@ The issue's protocol (>= 40 CPU minutes a search; about 75 minutes alone on 2 co
     python bench/supernet.py --tables equal-cost --max-len 512 --n-train 32000 --n-eval 2000 \
         --work runs/bench-ec-512 --json runs/bench-ec-512.json
 
+``--tables one-subnet`` asks whether the supernet's training is too short or its machinery wrong: the supernet's
+shapes, initialization, slicing and training loop given one subnet (``--one-subnet I`` of the first of
+``--spaces``) to train every step, at each of ``--one-subnet-steps``, beside that subnet's inherited scores
+(``--scores``) and standalone figures (``--ledger``): the shared supernet's passes are worth as many steps
+alone as give the same validation loss.
+
+    python bench/supernet.py --tables one-subnet --one-subnet 2 --max-len 512 --n-train 32000 --n-eval 2000 \
+        --spaces default --ledger bench/results/supernet-ranking-listops512.jsonl \
+        --scores bench/results/supernet-inherited-listops512.jsonl
+
     python bench/supernet.py [--max-len 512] [--subnets 24] [--supernet-steps 3000] [--standalone-steps 1000]
                              [--proxy-steps 200] [--spaces default,per_layer] [--train-threads 2]
                              [--sampling uniform,sandwich] [--sandwich-random 2]
@@ -465,6 +475,51 @@ def equal_cost(task, task_options: dict, args) -> dict:
             "finetune_steps": args.finetune_steps}  # fmt: skip
 
 
+def one_subnet(task, args) -> dict:
+    """The supernet's machinery (its shapes, initialization, slicing and training loop) given one subnet to train
+    every step instead of a draw, at each of ``--one-subnet-steps``: how far the shared supernet's
+    ``--supernet-steps`` passes over the whole space take that subnet, in steps of training it alone. Printed
+    beside the subnet's inherited scores in ``--scores`` and its standalone figures in ``--ledger``."""
+    from unittest import mock
+
+    import xsearch.supernet.train as supernet_train
+
+    name = args.spaces.split(",")[0]
+    space = load_space_for_task(name, task)
+    subnets = draw_subnets(space, task, args)
+    if not 1 <= args.one_subnet <= len(subnets):
+        raise SystemExit(f"--one-subnet {args.one_subnet}: the space {name!r} has subnets 1 to {len(subnets)} drawn")
+    cfg = subnets[args.one_subnet - 1]
+    rows = []
+    for steps in (int(v) for v in args.one_subnet_steps.split(",")):
+        sn = build_supernet(space, task.model_fields(), seed=args.seed)
+        with mock.patch.object(supernet_train, "draw_subnets", lambda *_, **__: [cfg]):
+            train_supernet(sn, task, SupernetTrainSettings(steps=steps, lr=args.lr, seed=args.seed), progress=False)
+        model = extract_subnet(sn, cfg)
+        (valid, valid_loss), (test, _) = accuracy_and_loss(model, task, "valid"), accuracy_and_loss(model, task, "test")
+        rows.append({"steps": steps, "valid": valid, "valid_loss": valid_loss, "test": test})
+    run = Scores(args.scores, args).runs.get((name, "uniform")) if args.scores else None
+    shared = next((s for s in run["scores"] if s["config"] == describe_config(cfg)), None) if run else None
+    alone = Ledger(args.ledger, args).repeats.get((name, describe_config(cfg)), {}) if args.ledger else {}
+    print()
+    print(f"One subnet ({name} {args.one_subnet}: {describe_config(cfg)}) trained alone by the supernet's machinery")
+    print("| trained | steps | valid accuracy | valid loss | test accuracy | chance (test) |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| alone, in the supernet | {r['steps']} | {r['valid']:.4f} | {r['valid_loss']:.4f} | {r['test']:.4f} | "
+              f"{task.chance('test'):.4f} |")  # fmt: skip
+    if shared and "inherited_loss" in shared:
+        print(
+            f"| shared: the uniform supernet over the space | {run['subnet_passes']} passes, all subnets | "
+            f"{shared['inherited_valid']:.4f} | {shared['inherited_loss']:.4f} | - | {task.chance('test'):.4f} |"
+        )
+    if alone:
+        seeds = ", ".join(f"{seed}: {acc:.4f}" for seed, acc in sorted(alone.items()))
+        print(f"| standalone (ledger, by training seed) | {args.standalone_steps} | - | - | {seeds} | "
+              f"{task.chance('test'):.4f} |")  # fmt: skip
+    return {"space": name, "subnet": describe_config(cfg), "rows": rows, "shared": shared, "standalone": alone}
+
+
 def print_equal_cost(ec: dict, chance: float) -> None:
     rows = ec["rows"]
     ref_ms = rows["reference Transformer"]["latency_ms"]
@@ -505,7 +560,10 @@ def main() -> int:
                    "another one, with --ledger and --only, trains those subnets again to measure how much the "
                    "ground truth itself varies (the repeatability table), not the ranking")  # fmt: skip
     p.add_argument("--train-threads", type=int, default=2)
-    p.add_argument("--tables", default="ranking", help="ranking (with the cost table) and/or equal-cost")
+    p.add_argument("--tables", default="ranking", help="ranking (with the cost table), equal-cost and/or one-subnet")
+    p.add_argument("--one-subnet", type=int, default=2, metavar="I", help="the one-subnet table's subnet: the I-th "
+                   "drawn of the first of --spaces")  # fmt: skip
+    p.add_argument("--one-subnet-steps", default="200,400,1000", help="the one-subnet table's budgets")
     p.add_argument("--equal-cost-space", default="default")
     p.add_argument("--ec-supernet-steps", type=int, default=1200, help="the one-shot arm's supernet training")
     p.add_argument("--ec-trials", type=int, default=50, help="candidates the one-shot arm scores (with measured "
@@ -531,8 +589,8 @@ def main() -> int:
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(args.train_threads)
     tables = set(args.tables.split(","))
-    if tables - {"ranking", "equal-cost"}:
-        raise SystemExit(f"--tables: unknown {', '.join(sorted(tables - {'ranking', 'equal-cost'}))}")
+    if unknown := tables - {"ranking", "equal-cost", "one-subnet"}:
+        raise SystemExit(f"--tables: unknown {', '.join(sorted(unknown))} (valid: ranking, equal-cost, one-subnet)")
     task_options = {"n_train": args.n_train, "n_valid": args.n_eval, "n_test": args.n_eval, "max_len": args.max_len,
                     "seed": args.seed}  # fmt: skip
     task = get_task("listops", **task_options)
@@ -543,6 +601,8 @@ def main() -> int:
         doc["equal_cost"] = equal_cost(task, task_options, args)
         print()
         print_equal_cost(doc["equal_cost"], task.chance("test"))
+    if "one-subnet" in tables:
+        doc["one_subnet"] = one_subnet(task, args)
     if "ranking" in tables:
         doc["ranking"] = print_ranking(task, args)
     if args.json:
