@@ -104,6 +104,7 @@ from xsearch.supernet.settings import SupernetTrainSettings
 from xsearch.supernet.train import train_supernet
 from xsearch.tasks import get_task
 from xsearch.training import evaluate
+from xsearch.training.loop import EVAL_BATCH
 from xsearch.training.recipe import train_model
 from xsearch.training.settings import TrainSettings
 
@@ -224,7 +225,7 @@ def accuracy_and_loss(model, task, split: str) -> tuple[float, float]:
     model.eval()
     correct = total = 0
     nll = 0.0
-    for ids, mask, labels in task.batches(split, 32, by_length=True):
+    for ids, mask, labels in task.batches(split, EVAL_BATCH, by_length=True):
         logits = model(ids, mask)
         correct += int((logits.argmax(-1) == labels).sum())
         nll += float(torch.nn.functional.cross_entropy(logits, labels, reduction="sum"))
@@ -352,13 +353,12 @@ def rank(run: dict, subnets: list, truth_rows: list[dict | None]) -> dict:
     rows = [{**row, **score, "d_model": cfg.d_model}
             for score, cfg, row in zip(run["scores"], subnets, truth_rows) if row is not None]  # fmt: skip
     truth = [r["standalone_test"] for r in rows]
-    has_loss = all("inherited_loss" in r for r in rows)
     alike = [r for r in rows if r.get("machine") == run["machine"]]
     return {
         **{k: v for k, v in run.items() if k not in ("scores", "budget")},
         "subnets": len(rows), "drawn": len(truth_rows), "rows": rows,
         "tau_inherited": tau([r["inherited_valid"] for r in rows], truth),
-        "tau_inherited_loss": tau([-r["inherited_loss"] for r in rows], truth) if has_loss else None,
+        "tau_inherited_loss": tau([-r["inherited_loss"] for r in rows], truth),
         "tau_proxy": tau([r["proxy_valid"] for r in rows], truth),
         "tau_narrower": tau([-r["d_model"] for r in rows], truth),
         "tau_fewer_parameters": tau([-r["parameters"] for r in rows], truth),
@@ -367,7 +367,7 @@ def rank(run: dict, subnets: list, truth_rows: list[dict | None]) -> dict:
         "standalone_s": sum(r["standalone_s"] for r in alike) / len(alike) if alike else float("nan"),
         "standalone_rows": len(alike),
         "pick_by_inherited": pick(rows, lambda r: r["inherited_valid"]),
-        "pick_by_inherited_loss": pick(rows, lambda r: -r["inherited_loss"]) if has_loss else None,
+        "pick_by_inherited_loss": pick(rows, lambda r: -r["inherited_loss"]),
         "pick_by_proxy": pick(rows, lambda r: r["proxy_valid"]),
         "best": max(truth),
     }  # fmt: skip
@@ -701,17 +701,12 @@ def print_ranking(task, args) -> dict:
     )
     print("|---|---|---|---|---|---|---|---|---|")
 
-    def shown(value, fmt: str) -> str:
-        return "-" if value is None else format(value, fmt)
-
-    def picked(p: dict | None) -> str:
-        if p is None:
-            return "-"
+    def picked(p: dict) -> str:
         return f"{p['test']:.4f}" + (f" (mean of a {p['tied']}-way tie)" if p["tied"] > 1 else "")
 
     for r in results:
         print(f"| {r['space']} | {r['sampling']} | {r['subnets']} of {r['drawn']} | {r['tau_inherited']:.3f} / "
-              f"{shown(r['tau_inherited_loss'], '.3f')} | {r['tau_proxy']:.3f} | {r['tau_narrower']:.3f} / "
+              f"{r['tau_inherited_loss']:.3f} | {r['tau_proxy']:.3f} | {r['tau_narrower']:.3f} / "
               f"{r['tau_fewer_parameters']:.3f} | {r['perfect_ranker_tau'][0]:.2f} | "
               f"{picked(r['pick_by_inherited'])} / {picked(r['pick_by_inherited_loss'])} / "
               f"{picked(r['pick_by_proxy'])} / {r['best']:.4f} | {task.chance('test'):.4f} |")  # fmt: skip
