@@ -36,6 +36,15 @@ only the ones wanted with ``--spaces`` and ``--sampling``):
         --ledger bench/results/supernet-ranking-listops512.jsonl \
         --scores bench/results/supernet-inherited-listops512.jsonl --spaces default --sampling uniform
 
+``--warm-start N`` starts each supernet from the space's reference trained alone ``N`` steps (``warm_start``:
+its weights in their leading slices; the reference's steps and seconds are printed beside the supernet's), and
+``--supernet-work DIR`` keeps each supernet's checkpoints there, so its training shows progress and resumes:
+
+    python bench/supernet.py --max-len 512 --n-train 32000 --n-eval 2000 --max-new 0 \
+        --ledger bench/results/supernet-ranking-listops512.jsonl \
+        --scores bench/results/supernet-inherited-listops512.jsonl --spaces default --sampling uniform \
+        --warm-start 1000 --supernet-work runs/bench-supernet-warm
+
 No ranking can agree with the ground truth better than the ground truth agrees with itself. With ``--ledger``
 the bench prints each space's standalone spread beside the noise of one figure (the spread of subnets trained
 again with other seeds, ``--train-seed 1 --only I,J``, pooled; without such rows the binomial noise of the
@@ -71,7 +80,8 @@ alone as give the same validation loss.
 
     python bench/supernet.py [--max-len 512] [--subnets 24] [--supernet-steps 3000] [--standalone-steps 1000]
                              [--proxy-steps 200] [--spaces default,per_layer] [--train-threads 2]
-                             [--sampling uniform,sandwich] [--sandwich-random 2]
+                             [--sampling uniform,sandwich] [--sandwich-random 2] [--warm-start STEPS]
+                             [--supernet-work DIR]
                              [--json out.json] [--ledger runs/ranking.jsonl [--truth-only] [--max-new N] [--only I,J]
                              [--train-seed K]] [--scores runs/inherited.jsonl]
     python bench/supernet.py --tables equal-cost [--ec-supernet-steps 1200] [--ec-trials 50]
@@ -252,15 +262,16 @@ class Scores:
 
     def __init__(self, path: str, args) -> None:
         self.path, self.budget = Path(path), {k: getattr(args, k) for k in self.BUDGET}
-        self.runs: dict[tuple[str, str], dict] = {}
+        self.warm_start = args.warm_start
+        self.runs: dict[tuple[str, str, int], dict] = {}
         for doc in read_lines(self.path):
             if doc["budget"] == self.budget:
-                self.runs[doc["space"], doc["sampling"]] = doc
+                self.runs[doc["space"], doc["sampling"], doc.get("warm_start", 0)] = doc
 
     def get(self, space: str, rule: str, subnets: list) -> dict | None:
-        """The run of ``space`` and ``rule`` at this budget, if it scored exactly these subnets and kept their
-        losses (a run from before the losses were kept is trained again)."""
-        run = self.runs.get((space, rule))
+        """The run of ``space``, ``rule`` and ``--warm-start`` at this budget, if it scored exactly these subnets
+        and kept their losses (a run from before the losses were kept is trained again)."""
+        run = self.runs.get((space, rule, self.warm_start))
         if not run or [s["config"] for s in run["scores"]] != [describe_config(cfg) for cfg in subnets]:
             return None
         if any("inherited_loss" not in s for s in run["scores"]):
@@ -271,7 +282,7 @@ class Scores:
 
     def add(self, run: dict) -> None:
         doc = {"budget": self.budget, **run}
-        self.runs[run["space"], run["sampling"]] = doc
+        self.runs[run["space"], run["sampling"], run["warm_start"]] = doc
         append_line(self.path, doc)
 
 
@@ -316,12 +327,15 @@ def score_with_supernet(space, subnets: list, task, rule: str, args) -> dict:
     that many steps, the same number of subnet passes as uniform sampling (its seconds are printed beside).
     """
     sn = build_supernet(space, task.model_fields(), seed=args.seed)
-    start = time.perf_counter()
+    warm = warm_start_model(space, task, args) if args.warm_start else None
     settings = SupernetTrainSettings(steps=1, lr=args.lr, seed=args.seed, sampling=rule,
                                      sandwich_random=args.sandwich_random)  # fmt: skip
     settings = dataclasses.replace(settings, steps=max(1, args.supernet_steps // settings.subnets_per_step))
-    record = train_supernet(sn, task, settings, progress=False)
-    supernet_s = time.perf_counter() - start
+    out = None
+    if args.supernet_work:
+        out = Path(args.supernet_work) / f"{space.name}-{rule}-{args.supernet_steps}-warm{args.warm_start}"
+    record = train_supernet(sn, task, settings, out=out, progress=out is not None, init=warm and warm["model"])
+    supernet_s = record["seconds"]  # (over every sitting of a resumed run)
     scores = []
     for cfg in subnets:
         t0 = time.perf_counter()
@@ -331,10 +345,35 @@ def score_with_supernet(space, subnets: list, task, rule: str, args) -> dict:
     print(f"  [{space.name} {rule}] supernet {record['subnet_passes']} subnet passes in {supernet_s:.0f} s (final "
           f"loss {record['final_loss']:.3f}, reference subnet {record['reference_valid']:.4f} validation); "
           f"{len(scores)} subnets scored", file=sys.stderr, flush=True)  # fmt: skip
-    return {"space": space.name, "sampling": rule, "supernet_steps": record["steps"],
+    return {"space": space.name, "sampling": rule, "warm_start": args.warm_start,
+            **({k: v for k, v in warm.items() if k != "model"} if warm else {}), "supernet_steps": record["steps"],
             "subnet_passes": record["subnet_passes"], "supernet_seconds": supernet_s,
             "supernet_parameters": sn.n_parameters(), "final_loss": record["final_loss"],
             "reference_valid": record["reference_valid"], "machine": machine(), "scores": scores}  # fmt: skip
+
+
+def warm_start_model(space, task, args) -> dict:
+    """The space's reference trained alone ``--warm-start`` steps (kept under ``--supernet-work`` and taken from
+    there the next time), the weights a warm-started supernet starts from, with its figures."""
+    from xsearch.serialization import load_model, save_model
+
+    cfg = space.reference_config(task.model_fields())
+    kept = Path(args.supernet_work) / f"reference-{space.name}-{args.warm_start}" if args.supernet_work else None
+    if kept is not None and (kept / "warm_start.json").is_file():
+        doc = json.loads((kept / "warm_start.json").read_text())
+        return {**doc, "model": load_model(kept)}
+    t0 = time.perf_counter()
+    trained = train_model(cfg, task, TrainSettings(steps=args.warm_start, lr=args.lr, seed=args.seed), progress=False)
+    doc = {"warm_start_config": describe_config(cfg), "warm_start_seconds": time.perf_counter() - t0,
+           "warm_start_valid": evaluate(trained.model, task, "valid"),
+           "warm_start_test": trained.test_metric}  # fmt: skip
+    print(f"  [{space.name}] warm start: the reference {doc['warm_start_config']} trained {args.warm_start} steps "
+          f"in {doc['warm_start_seconds']:.0f} s: valid {doc['warm_start_valid']:.4f}, test "
+          f"{doc['warm_start_test']:.4f}", file=sys.stderr, flush=True)  # fmt: skip
+    if kept is not None:
+        save_model(trained.model, kept)
+        (kept / "warm_start.json").write_text(json.dumps(doc, indent=2))
+    return {**doc, "model": trained.model}
 
 
 def pick(rows: list[dict], key) -> dict:
@@ -555,6 +594,10 @@ def main() -> int:
     p.add_argument("--sampling", default="uniform", help="the supernet's sampling rules to rank with, comma-separated "
                    "(uniform, sandwich): one supernet each, at the same number of subnet passes")  # fmt: skip
     p.add_argument("--sandwich-random", type=int, default=2, help="the sandwich rule's uniform draws per step")
+    p.add_argument("--warm-start", type=int, default=0, metavar="STEPS", help="warm-start each supernet from the "
+                   "space's reference trained alone this many steps (0: from new weights)")  # fmt: skip
+    p.add_argument("--supernet-work", metavar="DIR", help="keep each supernet's checkpoints (and the warm start's "
+                   "reference) here: its training shows progress and a stopped run resumes")  # fmt: skip
     p.add_argument("--seed", type=int, default=0, help="the task's data, the subnets drawn, the supernets")
     p.add_argument("--train-seed", type=int, help="the proxy and standalone trainings' seed (default: --seed); "
                    "another one, with --ledger and --only, trains those subnets again to measure how much the "
@@ -661,6 +704,13 @@ def print_ground_truth(task, args, ledger: Ledger, drawn: dict[str, list]) -> di
     return doc
 
 
+def sampling(r: dict) -> str:
+    """The sampling rule, and the warm start if any (with the reference's own test accuracy)."""
+    if not r.get("warm_start"):
+        return r["sampling"]
+    return f"{r['sampling']}, warm start (reference {r['warm_start']} steps: test {r['warm_start_test']:.4f})"
+
+
 def print_ranking(task, args) -> dict:
     ledger = Ledger(args.ledger, args) if args.ledger else None
     scores = Scores(args.scores, args) if args.scores else None
@@ -705,7 +755,7 @@ def print_ranking(task, args) -> dict:
         return f"{p['test']:.4f}" + (f" (mean of a {p['tied']}-way tie)" if p["tied"] > 1 else "")
 
     for r in results:
-        print(f"| {r['space']} | {r['sampling']} | {r['subnets']} of {r['drawn']} | {r['tau_inherited']:.3f} / "
+        print(f"| {r['space']} | {sampling(r)} | {r['subnets']} of {r['drawn']} | {r['tau_inherited']:.3f} / "
               f"{r['tau_inherited_loss']:.3f} | {r['tau_proxy']:.3f} | {r['tau_narrower']:.3f} / "
               f"{r['tau_fewer_parameters']:.3f} | {r['perfect_ranker_tau'][0]:.2f} | "
               f"{picked(r['pick_by_inherited'])} / {picked(r['pick_by_inherited_loss'])} / "
@@ -718,9 +768,11 @@ def print_ranking(task, args) -> dict:
     )
     print("|---|---|---|---|---|---|---|")
     for r in results:
-        print(f"| {r['space']} | {r['sampling']} | {r['supernet_parameters']:,} | {r['supernet_steps']} steps "
+        warm = (f" + the reference's {r['warm_start']} steps alone, {r['warm_start_seconds']:.0f} s"
+                if r.get("warm_start") else "")  # fmt: skip
+        print(f"| {r['space']} | {sampling(r)} | {r['supernet_parameters']:,} | {r['supernet_steps']} steps "
               f"({r['subnet_passes']} subnet passes), "
-              f"{r['supernet_seconds']:.0f} s | {args.standalone_steps} steps, "
+              f"{r['supernet_seconds']:.0f} s{warm} | {args.standalone_steps} steps, "
               + (f"{r['standalone_s']:.0f} s over {r['standalone_rows']} rows of this machine and threads "
                  f"(supernet = {r['supernet_seconds'] / r['standalone_s']:.2f}x)" if r["standalone_rows"]
                  else "no row measured on this machine and threads")

@@ -17,7 +17,9 @@ from xsearch.supernet import (
     extract_subnet,
     load_supernet,
     save_supernet,
+    warm_start,
 )
+from xsearch.supernet.layout import inherited_tensors
 
 FIELDS = {"vocab_size": 20, "max_len": MAX_LEN, "head": "classify", "n_classes": 5}
 
@@ -174,3 +176,50 @@ def test_subnets_outside_the_space_or_task_are_refused(tmp_path):
         sn(*batch(), subnet={**ref, "d_model": 128, "d_ff": 256})
     with pytest.raises(SubnetMismatchError, match="n_classes=3, but the supernet was built for n_classes=5"):
         extract_subnet(sn, {**ref, "n_classes": 3})
+
+
+def test_warm_start_is_the_inverse_of_extraction(tmp_path):
+    """A trained model's weights go into their leading slices (so the supernet runs that subnet as the model
+    does); every other weight, of other variants, layers or widths, is left as it was."""
+    variants = ["full", "linformer", "set"]
+    space = load_space(space_file(tmp_path, {n: variant_choices(n) for n in variants}, per_layer=True),
+                       max_len=MAX_LEN)  # fmt: skip
+    sn = build_supernet(space, FIELDS)
+    before = {name: sn.tensor(name).detach().clone() for name in sn.shapes}
+    narrow = [c for c in draws(space, FIELDS, 40, seed=1) if c.d_model == 16 and c.n_layers == 2]
+    cfg = next(c for c in narrow if "linformer" in {e["attention"] for e in c.layers})
+    torch.manual_seed(7)  # weights the supernet does not hold anywhere
+    model = xsearch.build_model(cfg).eval()
+    copied = warm_start(sn, model)
+    assert copied == sum(t.numel() for _, t in inherited_tensors(model))
+    ids, mask = batch()
+    with torch.no_grad():
+        torch.testing.assert_close(sn.eval()(ids, mask, subnet=cfg), model(ids, mask), atol=1e-5, rtol=0)
+    for name, t in extract_subnet(sn, cfg).state_dict().items():
+        assert torch.equal(t, model.state_dict()[name]), name
+    held = sn.subnet_tensors(cfg)
+    touched = {sn._template(cfg)[1][n][0] for n in held}
+    changed = {name for name in sn.shapes if not torch.equal(sn.tensor(name), before[name])}
+    assert changed <= touched  # (the model's tensors' supernet tensors, and no other; norms start equal)
+    assert {n for n in touched if not n.split(".")[-2].startswith("ln")} <= changed
+    for name in touched:  # and within them, only the leading slice
+        shape = next(s for n, (src, s) in sn._template(cfg)[1].items() if src == name)
+        rest = torch.ones(sn.shapes[name], dtype=torch.bool)
+        rest[tuple(slice(0, k) for k in shape)] = False
+        assert torch.equal(sn.tensor(name)[rest], before[name][rest]), name
+    # a layer's own tensors went to that layer's variant
+    own = {n for n in changed if n.count(".") == 3}
+    assert own and own == {f"layers.{i}.{e['attention']}.{n.split('.')[-1]}" for n in own
+                           for i, e in enumerate(cfg.layers) if n.startswith(f"layers.{i}.")}  # fmt: skip
+
+
+def test_warm_start_refuses_a_model_of_another_task_or_space(tmp_path):
+    space = load_space("tiny", max_len=MAX_LEN)
+    sn = build_supernet(space, FIELDS)
+    cfg = draws(space, FIELDS, 1)[0]
+    other_task = xsearch.build_model(type(cfg).from_dict({**cfg.to_dict(), "vocab_size": 30}))
+    with pytest.raises(SubnetMismatchError, match="vocab_size=30"):
+        warm_start(sn, other_task)
+    wide = xsearch.build_model(type(cfg).from_dict({**cfg.to_dict(), "d_model": 512, "head_dim": None}))
+    with pytest.raises(SubnetMismatchError, match="is not in the supernet's space"):
+        warm_start(sn, wide)

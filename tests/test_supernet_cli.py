@@ -103,3 +103,25 @@ def test_a_supernet_of_another_space_or_task_is_refused(trained, tmp_path, capsy
     _one_line(capsys, [*search, "--space", "tiny", "--supernet", str(tmp_path)], "is not a saved supernet")
     retrain = ["supernet", "train", *TASK, "--space", "per_layer", "--steps", "20", "--quiet", "--out", str(trained)]
     _one_line(capsys, retrain, "was built for space 'tiny', not 'per_layer'")
+
+
+def test_supernet_training_warm_starts_from_a_trained_model(trained, tmp_path, capsys):
+    """``--init DIR``: the model's weights are where the supernet's training starts (at a learning rate too small
+    to move them, the supernet runs that subnet as the model does); a resumed run keeps to the same --init."""
+    ref = ["--attention", "full", "--d-model", "32", "--layers", "2", "--heads", "2", "--d-ff", "64"]
+    assert main(["train", *TASK, *ref, "--steps", "3", "--quiet", "--out", str(tmp_path / "ref")]) == 0
+    model = xsearch.load_model(tmp_path / "ref")
+    out = tmp_path / "warm"
+    warm = [*_train(out, 2), "--lr", "1e-12", "--init", str(tmp_path / "ref")]
+    assert main(warm) == 0
+    sn = load_supernet(out)
+    ids, mask, _ = next(get_task("listops", **TASK_OPTS).batches("valid", 16))
+    with torch.no_grad():
+        torch.testing.assert_close(sn.eval()(ids, mask, subnet=model.config), model(ids, mask), atol=1e-5, rtol=0)
+    state = json.loads((out / "training.json").read_text())
+    assert state["init"] == xsearch.describe_config(model.config)
+    _one_line(capsys, [*_train(out, 2), "--lr", "1e-12"], "warm-started from full() d32 L2")  # (not from nothing)
+    other = [a.replace("max_len=32", "max_len=48") for a in TASK]
+    assert main(["train", *other, *ref, "--steps", "1", "--quiet", "--out", str(tmp_path / "long")]) == 0
+    _one_line(capsys, [*_train(tmp_path / "x", 2), "--init", str(tmp_path / "long")],
+              f"--init {tmp_path / 'long'}: subnet max_len=48, but the supernet was built for max_len=32")  # fmt: skip

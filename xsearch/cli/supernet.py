@@ -30,6 +30,9 @@ def register(name: str, group: argparse.ArgumentParser) -> None:
     s = cmds.add_parser("train", help="train a supernet over a space (one sampled subnet per step; resumable)")
     add_task_args(s, required=True)
     s.add_argument("--space", default="default", help="a shipped space (`xsearch spaces`) or a YAML file")
+    s.add_argument("--init", metavar="DIR", help="warm-start from a trained model of a subnet of the space (a folder "
+                   "of `xsearch train`, such as the space's reference): its weights go into their leading slices "
+                   "of the supernet's before the first step")  # fmt: skip
     add_settings(s.add_argument_group("training"), SupernetTrainSettings)
     s.add_argument("--quiet", action="store_true", help="no progress bar")
     s.add_argument("--out", required=True, help="the supernet folder (run the same command again to resume)")
@@ -55,7 +58,17 @@ def cmd_train(args: argparse.Namespace) -> int:
     space = load_space_for_task(args.space, task)
     sn = build_supernet(space, fields, seed=settings.seed)
     log.info("supernet over %s: %s parameters", space.name, f"{sn.n_parameters():,}")
-    record = train_supernet(sn, task, settings, out=out, progress=not args.quiet)
+    init = None
+    if args.init is not None:
+        from xsearch.serialization import load_model
+        from xsearch.supernet import SubnetMismatchError
+
+        init = load_model(args.init)
+        try:
+            sn.subnet_tensors(init.config)  # (another task, or not a subnet of the space)
+        except SubnetMismatchError as e:
+            raise UsageError(f"--init {args.init}: {e}") from None
+    record = train_supernet(sn, task, settings, out=out, progress=not args.quiet, init=init)
     metric = "bits_per_byte" if task.kind == "lm" else "accuracy"
     chance = "" if task.kind == "lm" else f" (chance {task.chance('valid'):.4f})"
     print(f"saved {out}  steps={record['steps']}  loss={record['final_loss']:.4f}  reference subnet valid "

@@ -5,6 +5,7 @@ heads and depths, trained once, from which every subnet is scored with inherited
     sn = build_supernet("tiny", task.model_fields())
     logits = sn(ids, mask, subnet=cfg)          # cfg: a ModelConfig of the space
     model = extract_subnet(sn, cfg)             # a plain XSearchModel with exactly those weights
+    warm_start(sn, trained)                     # the inverse: a trained subnet's weights into the supernet
 
 ``import xsearch.supernet`` is light; torch is imported when a name that needs it is used.
 """
@@ -15,7 +16,9 @@ from xsearch._lazy import by_module, lazy_names
 
 _LAZY = by_module(
     {
-        "xsearch.supernet.supertransformer": "SuperTransformer SubnetMismatchError build_supernet extract_subnet",
+        "xsearch.supernet.supertransformer": (
+            "SuperTransformer SubnetMismatchError build_supernet extract_subnet warm_start"
+        ),
         "xsearch.supernet.io": "save_supernet load_supernet check_matches",
         "xsearch.supernet.settings": "SupernetTrainSettings",
         "xsearch.supernet.train": "train_supernet draw_subnets sandwich_loss",

@@ -245,4 +245,34 @@ def extract_subnet(sn: SuperTransformer, subnet) -> nn.Module:
     return model.eval()
 
 
-__all__ = ["SubnetMismatchError", "SuperTransformer", "build_supernet", "extract_subnet"]
+def warm_start(sn: SuperTransformer, model: nn.Module) -> int:
+    """Copy a trained model's weights into ``sn``: the inverse of ``extract_subnet``.
+
+    ``model`` (an ``XSearchModel`` whose config is a subnet of the supernet's space and task, such as the space's
+    reference trained alone) puts each of its tensors in the leading slice of the supernet tensor that holds it;
+    every other supernet weight is left as it is. Afterwards ``extract_subnet(sn, model.config)`` equals ``model``.
+
+    Returns:
+        How many of the supernet's scalars were overwritten.
+
+    Raises:
+        SubnetMismatchError: the model is of another task, or not a subnet of the space.
+    """
+    cfg = sn.check_subnet(getattr(model, "config", None) or {})
+    _, mapping = sn._template(cfg)
+    given = dict(inherited_tensors(model))
+    if set(given) != set(mapping):
+        odd = sorted(set(given) ^ set(mapping))[0]
+        raise SubnetMismatchError(f"warm start: the model's tensors differ from its config's subnet ({odd})")
+    copied = 0
+    with torch.no_grad():
+        for name, t in given.items():
+            source, shape = mapping[name]
+            if tuple(t.shape) != shape:
+                raise SubnetMismatchError(f"warm start: the model's {name} is {tuple(t.shape)}, its config's {shape}")
+            leading_slice(sn.tensor(source), shape).copy_(t)
+            copied += t.numel()
+    return copied
+
+
+__all__ = ["SubnetMismatchError", "SuperTransformer", "build_supernet", "extract_subnet", "warm_start"]

@@ -12,6 +12,7 @@ import random
 from pathlib import Path
 from typing import Any
 
+from xsearch.config import describe_config
 from xsearch.errors import XSearchError
 from xsearch.settings import show_differences
 from xsearch.supernet.settings import SupernetTrainSettings
@@ -92,11 +93,14 @@ def _restore(sn, opt, tensors: dict[str, Any]) -> None:
 
 
 def train_supernet(sn, task, settings: SupernetTrainSettings, *, out: str | os.PathLike | None = None,
-                   progress: bool | None = None) -> dict[str, Any]:  # fmt: skip
+                   progress: bool | None = None, init=None) -> dict[str, Any]:  # fmt: skip
     """Train ``sn`` on ``task``: each step the subnets of ``settings.sampling`` (``draw_subnets``; with the
     sandwich rule, ``sandwich_loss``), AdamW with warmup and cosine decay, gradient clipping. With ``out``,
     checkpoints go there every ``checkpoint_every`` steps and at the end, and a run that finds a checkpoint of
     the same settings there resumes from it.
+
+    ``init``: a trained model of a subnet to warm-start from (``warm_start``: its weights into their leading
+    slices before the first step; a resumed run takes the checkpoint's weights, and refuses another ``init``).
 
     Returns:
         The training record: steps, subnet passes, seconds, final loss, the reference subnet's validation metric.
@@ -112,6 +116,7 @@ def train_supernet(sn, task, settings: SupernetTrainSettings, *, out: str | os.P
     opt, params = adamw(((k.replace("__", "."), p) for k, p in sn.weights.items()), lr=settings.lr,
                         weight_decay=settings.weight_decay)  # fmt: skip
     recipe = settings.to_dict()
+    init_described = describe_config(init.config) if init is not None else None
     step, elapsed_before, window = 0, 0.0, []
     found = read_checkpoint(out / CHECKPOINT_FILE, "supernet checkpoint") if out is not None else None
     if found is not None:
@@ -123,9 +128,16 @@ def train_supernet(sn, task, settings: SupernetTrainSettings, *, out: str | os.P
         if shown := show_differences(trained_with, recipe):
             raise XSearchError(f"{out} holds a supernet trained with other settings ({shown}); choose a new --out "
                                "or the same settings")  # fmt: skip
+        if state.get("init") != init_described:
+            raise XSearchError(f"{out} holds a supernet warm-started from {state.get('init') or 'nothing'}, not "
+                               f"{init_described or 'nothing'}; choose a new --out or the same --init")  # fmt: skip
         _restore(sn, opt, tensors)
         step, elapsed_before, window = state["steps"], state["seconds"], state.get("loss_window", [])
         log.info("resuming supernet training at step %d", step)
+    elif init is not None:
+        from xsearch.supernet.supertransformer import warm_start
+
+        log.info("warm start: %s scalars from %s", f"{warm_start(sn, init):,}", init_described)
     fields = sn.task_fields
     batches = endless_batches(task, settings.batch_size, settings.seed)
     for _ in range(step):  # the batches the steps before the checkpoint used
@@ -137,7 +149,7 @@ def train_supernet(sn, task, settings: SupernetTrainSettings, *, out: str | os.P
 
     def state_now(done: bool) -> dict[str, Any]:
         return {"settings": recipe, "steps": loop.step, "subnet_passes": loop.step * settings.subnets_per_step,
-                "seconds": round(loop.elapsed, 2),
+                "seconds": round(loop.elapsed, 2), "init": init_described,
                 "loss_window": loop.window, "done": done, "task": task.describe(), "space": sn.space.to_yaml(),
                 "task_fields": sn.task_fields}  # fmt: skip
 
