@@ -124,6 +124,7 @@ def test_a_checkpoint_older_than_an_option_resumes_and_other_settings_are_refuse
                    progress=False)  # fmt: skip
     state, tensors = read_checkpoint(tmp_path / CHECKPOINT_FILE, "checkpoint")
     assert state["steps"] == 2
+    assert "device" not in state["settings"]  # (not the recipe: a run may resume on another device)
     state["settings"] = {k: v for k, v in state["settings"].items() if k != "sandwich_random"}
     write_checkpoint(tmp_path / CHECKPOINT_FILE, tensors, state)
 

@@ -163,3 +163,43 @@ def test_step_loop_resumed_midway_takes_the_same_steps():
     with pytest.raises(TrainingDiverged, match="pretraining diverged.*at step 0"), nan_loop:
         for _ in nan_loop:
             nan_loop.update(model(torch.ones(1, 2)).sum() * float("nan"))
+
+
+def test_training_on_the_named_device_is_training_where_the_model_is(task):
+    torch.manual_seed(3)
+    here, named = small_model(task), small_model(task)
+    xsearch.train(here, task, steps=6, batch_size=16, progress=False)
+    xsearch.train(named, task, steps=6, batch_size=16, progress=False, device="cpu")
+    for (name, a), b in zip(here.state_dict().items(), named.state_dict().values()):
+        assert torch.equal(a, b), name
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA GPU")
+def test_cuda_without_a_gpu_is_refused_before_any_step(task):
+    from xsearch.errors import XSearchError
+    from xsearch.supernet import build_supernet, train_supernet
+    from xsearch.supernet.settings import SupernetTrainSettings
+    from xsearch.training.settings import TrainSettings
+
+    model = small_model(task)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(XSearchError, match=r"^device 'cuda': torch .* sees no CUDA GPU"):
+        xsearch.train(model, task, steps=2, progress=False, device="cuda")
+    assert all(torch.equal(before[k], v) and v.device.type == "cpu" for k, v in model.state_dict().items())
+    config = small_model(task).config
+    with pytest.raises(XSearchError, match="device 'cuda'"):
+        xsearch.train_model(config, task, TrainSettings(steps=2, device="cuda"))
+    sn = build_supernet("tiny", task.model_fields())
+    with pytest.raises(XSearchError, match="device 'cuda'"):
+        train_supernet(sn, task, SupernetTrainSettings(steps=2, device="cuda"), progress=False)
+
+
+def test_an_unknown_device_is_refused_by_name():
+    from xsearch.errors import XSearchError
+    from xsearch.training.device import resolve_device
+    from xsearch.training.settings import TrainSettings
+
+    with pytest.raises(ValueError, match="tpu"):
+        TrainSettings(steps=1, device="tpu")
+    with pytest.raises(XSearchError, match=r"unknown device 'tpu' \(valid: cpu, cuda\)"):
+        resolve_device("tpu")

@@ -30,6 +30,7 @@ class SupernetTrainSettings(Settings):
                            "sandwich (the largest on the labels; the smallest and --sandwich-random uniform draws "
                            "distilled from it, as BigNAS)", choices=SAMPLING)  # fmt: skip
     sandwich_random: int = option(2, "the sandwich rule's uniformly drawn subnets per step", ge=0)
+    device: str = same_as(TrainSettings, "device")
     checkpoint_every: int = option(200, "steps between checkpoints (a killed run resumes from the last)", ge=1)
 
     rules = TrainSettings.rules  # exactly one budget

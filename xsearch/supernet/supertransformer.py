@@ -145,7 +145,7 @@ class SuperTransformer(nn.Module):
         if key in self._templates:
             self._templates.move_to_end(key)
             return self._templates[key]
-        model = self._build_template(cfg)
+        model = self._build_template(cfg).to(self.device)  # (its own buffers where the supernet's tensors are)
         attention_of_layer = [layer["attention"] for layer in cfg.layer_configs()]
         mapping = {}
         for name, t in inherited_tensors(model):
@@ -186,6 +186,15 @@ class SuperTransformer(nn.Module):
     def __repr__(self) -> str:  # (not nn.Module's: it would list every tensor)
         return f"SuperTransformer(space={self.space.name!r}, tensors={len(self.shapes)}, " \
                f"parameters={self.n_parameters():,})"  # fmt: skip
+
+    @property
+    def device(self) -> torch.device:
+        """Where the supernet's tensors are (``sn.to(device)`` moves them; subnets then run there)."""
+        return next(iter(self.weights.values())).device
+
+    def _apply(self, fn, *args, **kwargs):  # (.to, .cuda, ...: the kept templates follow the tensors)
+        self._templates.clear()
+        return super()._apply(fn, *args, **kwargs)
 
     def n_parameters(self) -> int:
         return sum(p.numel() for p in self.weights.values())

@@ -87,7 +87,9 @@ def _restore(sn, opt, tensors: dict[str, Any]) -> None:
         for name in sn.shapes:
             sn.tensor(name).copy_(tensors[f"weights/{name}"])
     for key, p in sn.weights.items():
-        st = {f: tensors[f"{f}/{key}"] for f in ("step", "exp_avg", "exp_avg_sq") if f"{f}/{key}" in tensors}
+        # the moments live beside their parameter; AdamW keeps its step count on the CPU
+        st = {f: tensors[f"{f}/{key}"].to(p.device if f != "step" else "cpu")
+              for f in ("step", "exp_avg", "exp_avg_sq") if f"{f}/{key}" in tensors}  # fmt: skip
         if st:
             opt.state[p] = st
 
@@ -108,14 +110,18 @@ def train_supernet(sn, task, settings: SupernetTrainSettings, *, out: str | os.P
     import torch
 
     from xsearch.serialization import read_checkpoint
+    from xsearch.training.device import on_device, resolve_device
     from xsearch.training.loop import endless_batches, evaluate, task_loss
     from xsearch.training.steps import StepLoop, adamw
 
     out = Path(out) if out is not None else None
+    home = sn.device
+    sn.to(resolve_device(settings.device))  # trained there; handed back where it came from
     # ParameterDict keys hold "__" for "."; adamw reads ".bias" as a bias
     opt, params = adamw(((k.replace("__", "."), p) for k, p in sn.weights.items()), lr=settings.lr,
                         weight_decay=settings.weight_decay)  # fmt: skip
     recipe = settings.to_dict()
+    recipe.pop("device")  # (not the recipe: a run may resume on another device)
     init_described = describe_config(init.config) if init is not None else None
     step, elapsed_before, window = 0, 0.0, []
     found = read_checkpoint(out / CHECKPOINT_FILE, "supernet checkpoint") if out is not None else None
@@ -125,6 +131,7 @@ def train_supernet(sn, task, settings: SupernetTrainSettings, *, out: str | os.P
         state, tensors = found
         check_matches(state["space"], state["task_fields"], sn.space, sn.task_fields, where=str(out))
         trained_with = SupernetTrainSettings.with_defaults(state.get("settings") or {})
+        trained_with.pop("device")
         if shown := show_differences(trained_with, recipe):
             raise XSearchError(f"{out} holds a supernet trained with other settings ({shown}); choose a new --out "
                                "or the same settings")  # fmt: skip
@@ -158,7 +165,7 @@ def train_supernet(sn, task, settings: SupernetTrainSettings, *, out: str | os.P
         for step in loop:
             subnets = draw_subnets(sn.space, fields, settings.seed, step, settings.sampling,
                                    settings.sandwich_random)  # fmt: skip
-            ids, mask, labels = next(batches)
+            ids, mask, labels = on_device(next(batches), sn.device)
             torch.manual_seed(settings.seed * 1_000_003 + step)  # dropout, and any variant's own draws
             if len(subnets) == 1:
                 loop.update(task_loss(sn.bind(subnets[0]), ids, mask, labels))
@@ -172,4 +179,5 @@ def train_supernet(sn, task, settings: SupernetTrainSettings, *, out: str | os.P
     record["reference_valid"] = evaluate(sn.bind(reference), task, "valid")
     if out is not None:
         _save_checkpoint(sn, opt, out, record)
+    sn.to(home)
     return record

@@ -9,6 +9,8 @@ from typing import Any, ClassVar
 from xsearch.errors import SettingError
 from xsearch.settings import Settings, option, same_as
 
+DEVICES = ("cpu", "cuda")  # where a model trains (xsearch.training.device checks that it can)
+
 
 @dataclass
 class TrainSettings(Settings):
@@ -30,6 +32,8 @@ class TrainSettings(Settings):
     label_smoothing: float = option(0.0, "smoothing of the targets of the loss (0: off)", ge=0, lt=1)
     ema: float = option(0.0, "decay of a moving average of the weights, validated and kept (0: off; e.g. 0.99)",
                         ge=0, lt=1)  # fmt: skip
+    device: str = option("cpu", "where to train: cpu, or cuda (a CUDA GPU torch sees; no fallback to the CPU)",
+                         choices=DEVICES)  # fmt: skip
 
     def rules(self) -> None:
         if self.steps is not None and self.seconds is not None:
@@ -42,7 +46,7 @@ class TrainSettings(Settings):
         return {"steps": self.steps, "seconds": self.seconds, "batch_size": self.batch_size, "lr": self.lr,
                 "warmup": self.warmup, "weight_decay": self.weight_decay, "grad_clip": self.grad_clip,
                 "seed": self.seed, "keep_best": self.keep_best, "eval_every": self.eval_every,
-                "label_smoothing": self.label_smoothing, "ema": self.ema}  # fmt: skip
+                "label_smoothing": self.label_smoothing, "ema": self.ema, "device": self.device}  # fmt: skip
 
 
 @dataclass
