@@ -114,6 +114,7 @@ from xsearch.supernet.settings import SupernetTrainSettings
 from xsearch.supernet.train import train_supernet
 from xsearch.tasks import get_task
 from xsearch.training import evaluate
+from xsearch.training.device import module_device, resolve_device
 from xsearch.training.loop import EVAL_BATCH
 from xsearch.training.recipe import train_model
 from xsearch.training.settings import TrainSettings
@@ -208,14 +209,20 @@ class Ledger:
                                 "model_config": cfg.to_dict(), "row": row})  # fmt: skip
 
 
+DEVICE = "cpu"  # --device (main sets it): named in each ledger and scores line
+
+
 def machine() -> str:
-    """The CPU the figures were measured on (a ledger may gather rows of several sessions), and the threads.
+    """The CPU the figures were measured on (a ledger may gather rows of several sessions), the GPU with
+    ``--device cuda``, and the threads.
 
     Seconds are comparable only between rows of one machine and thread count: two 1-thread runs side by side
     (``--train-threads 1``, disjoint ``--only`` sets) measure about 1.3x more rows an hour on 2 cores than one
     2-thread run, each row's seconds longer.
     """
     threads = f"{torch.get_num_threads()} torch threads, torch {torch.__version__}"
+    if DEVICE == "cuda":
+        threads = f"{torch.cuda.get_device_name()} (cuda), {threads}"
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -235,8 +242,9 @@ def accuracy_and_loss(model, task, split: str) -> tuple[float, float]:
     model.eval()
     correct = total = 0
     nll = 0.0
+    where = module_device(model)
     for ids, mask, labels in task.batches(split, EVAL_BATCH, by_length=True):
-        logits = model(ids, mask)
+        logits = model(ids.to(where), mask.to(where)).cpu()
         correct += int((logits.argmax(-1) == labels).sum())
         nll += float(torch.nn.functional.cross_entropy(logits, labels, reduction="sum"))
         total += len(labels)
@@ -298,13 +306,13 @@ def measure_truth(name: str, subnets: list, task, args, ledger: Ledger | None) -
             truth_rows.append(None)  # (left for another sitting; the ledger's later rows still count)
             continue
         t0 = time.perf_counter()
-        proxy = train_model(cfg, task, TrainSettings(steps=args.proxy_steps, lr=args.lr, seed=args.train_seed),
-                            progress=False)  # fmt: skip
-        proxy_valid = evaluate(proxy.model, task, "valid")
+        proxy = train_model(cfg, task, TrainSettings(steps=args.proxy_steps, lr=args.lr, seed=args.train_seed,
+                                                     device=args.device), progress=False)  # fmt: skip
+        proxy_valid = evaluate(proxy.model.to(args.device), task, "valid")
         proxy_s = time.perf_counter() - t0
         t0 = time.perf_counter()
-        alone = train_model(cfg, task, TrainSettings(steps=args.standalone_steps, lr=args.lr, seed=args.train_seed),
-                            progress=False)  # fmt: skip
+        alone = train_model(cfg, task, TrainSettings(steps=args.standalone_steps, lr=args.lr, seed=args.train_seed,
+                                                     device=args.device), progress=False)  # fmt: skip
         row = {"config": describe_config(cfg), "parameters": count_parameters(alone.model),
                "proxy_valid": proxy_valid, "standalone_test": alone.test_metric, "proxy_s": proxy_s,
                "standalone_s": time.perf_counter() - t0}  # fmt: skip
@@ -329,7 +337,8 @@ def score_with_supernet(space, subnets: list, task, rule: str, args) -> dict:
     sn = build_supernet(space, task.model_fields(), seed=args.seed)
     warm = warm_start_model(space, task, args) if args.warm_start else None
     settings = SupernetTrainSettings(steps=1, lr=args.lr, seed=args.seed, sampling=rule,
-                                     sandwich_random=args.sandwich_random)  # fmt: skip
+                                     sandwich_random=args.sandwich_random, device=args.device,
+                                     checkpoint_every=args.checkpoint_every)  # fmt: skip
     settings = dataclasses.replace(settings, steps=max(1, args.supernet_steps // settings.subnets_per_step))
     out = None
     if args.supernet_work:
@@ -339,7 +348,7 @@ def score_with_supernet(space, subnets: list, task, rule: str, args) -> dict:
     scores = []
     for cfg in subnets:
         t0 = time.perf_counter()
-        inherited, loss = accuracy_and_loss(extract_subnet(sn, cfg), task, "valid")
+        inherited, loss = accuracy_and_loss(extract_subnet(sn, cfg).to(args.device), task, "valid")
         scores.append({"config": describe_config(cfg), "inherited_valid": inherited, "inherited_loss": loss,
                        "score_s": time.perf_counter() - t0})  # fmt: skip
     print(f"  [{space.name} {rule}] supernet {record['subnet_passes']} subnet passes in {supernet_s:.0f} s (final "
@@ -363,9 +372,10 @@ def warm_start_model(space, task, args) -> dict:
         doc = json.loads((kept / "warm_start.json").read_text())
         return {**doc, "model": load_model(kept)}
     t0 = time.perf_counter()
-    trained = train_model(cfg, task, TrainSettings(steps=args.warm_start, lr=args.lr, seed=args.seed), progress=False)
+    trained = train_model(cfg, task, TrainSettings(steps=args.warm_start, lr=args.lr, seed=args.seed,
+                                                   device=args.device), progress=False)  # fmt: skip
     doc = {"warm_start_config": describe_config(cfg), "warm_start_seconds": time.perf_counter() - t0,
-           "warm_start_valid": evaluate(trained.model, task, "valid"),
+           "warm_start_valid": evaluate(trained.model.to(args.device), task, "valid"),
            "warm_start_test": trained.test_metric}  # fmt: skip
     print(f"  [{space.name}] warm start: the reference {doc['warm_start_config']} trained {args.warm_start} steps "
           f"in {doc['warm_start_seconds']:.0f} s: valid {doc['warm_start_valid']:.4f}, test "
@@ -598,11 +608,15 @@ def main() -> int:
                    "space's reference trained alone this many steps (0: from new weights)")  # fmt: skip
     p.add_argument("--supernet-work", metavar="DIR", help="keep each supernet's checkpoints (and the warm start's "
                    "reference) here: its training shows progress and a stopped run resumes")  # fmt: skip
+    p.add_argument("--checkpoint-every", type=int, default=200, help="with --supernet-work, steps between a "
+                   "supernet's checkpoints (each holds its weights and optimizer state)")  # fmt: skip
     p.add_argument("--seed", type=int, default=0, help="the task's data, the subnets drawn, the supernets")
     p.add_argument("--train-seed", type=int, help="the proxy and standalone trainings' seed (default: --seed); "
                    "another one, with --ledger and --only, trains those subnets again to measure how much the "
                    "ground truth itself varies (the repeatability table), not the ranking")  # fmt: skip
     p.add_argument("--train-threads", type=int, default=2)
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where the supernets, proxies and "
+                   "standalone models train and are scored (the ledger and scores lines name it)")  # fmt: skip
     p.add_argument("--tables", default="ranking", help="ranking (with the cost table), equal-cost and/or one-subnet")
     p.add_argument("--one-subnet", type=int, default=2, metavar="I", help="the one-subnet table's subnet: the I-th "
                    "drawn of the first of --spaces")  # fmt: skip
@@ -631,6 +645,12 @@ def main() -> int:
         args.train_seed = args.seed
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(args.train_threads)
+    try:
+        resolve_device(args.device)  # (fails now, with one line, rather than after the task is built)
+    except XSearchError as e:
+        raise SystemExit(f"--device: {e}") from None
+    global DEVICE
+    DEVICE = args.device
     tables = set(args.tables.split(","))
     if unknown := tables - {"ranking", "equal-cost", "one-subnet"}:
         raise SystemExit(f"--tables: unknown {', '.join(sorted(unknown))} (valid: ranking, equal-cost, one-subnet)")
