@@ -24,8 +24,10 @@ from xsearch.errors import XSearchError
 SELF_SCORE = -5e4
 
 
-def _flash_lse_available() -> bool:
-    return hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu")
+def _flash_lse_available(t: torch.Tensor) -> bool:
+    """Whether the fused CPU kernel that also returns the log-sum-exp can run on ``t`` (a CPU tensor; the
+    kernel has no CUDA implementation)."""
+    return t.device.type == "cpu" and hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu")
 
 
 def sorted_chunk_attention(
@@ -141,7 +143,7 @@ def sorted_chunk_attention(
             bias = torch.where(self_slot, pattern, torch.where(valid, 0.0, float("-inf")).to(q.dtype))
         bias = bias.reshape(nb, chunk, 2 * chunk)
         grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-        if not grad and dropout_p == 0.0 and not exporting() and _flash_lse_available():
+        if not grad and dropout_p == 0.0 and not exporting() and _flash_lse_available(q):
             # Inference: the fused kernel also returns each row's log-sum-exp (not differentiable,
             # not exportable, hence the plain path below for training and export).
             out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
