@@ -34,7 +34,8 @@ only the ones wanted with ``--spaces`` and ``--sampling``):
 
     python bench/supernet.py --max-len 512 --n-train 32000 --n-eval 2000 --max-new 0 \
         --ledger bench/results/supernet-ranking-listops512.jsonl \
-        --scores bench/results/supernet-inherited-listops512.jsonl --spaces default --sampling uniform
+        --scores bench/results/supernet-inherited-listops512.jsonl --spaces default --sampling uniform \
+        --truth-seeds 0,1
 
 ``--warm-start N`` starts each supernet from the space's reference trained alone ``N`` steps (``warm_start``:
 its weights in their leading slices; the reference's steps and seconds are printed beside the supernet's), and
@@ -48,8 +49,14 @@ its weights in their leading slices; the reference's steps and seconds are print
 No ranking can agree with the ground truth better than the ground truth agrees with itself. With ``--ledger``
 the bench prints each space's standalone spread beside the noise of one figure (the spread of subnets trained
 again with other seeds, ``--train-seed 1 --only I,J``, pooled; without such rows the binomial noise of the
-test split's size) and the tau a ranker that knew each subnet's expected accuracy would reach against it:
-the ceiling of both signals' tau.
+test split's size), the tau a ranker that knew each subnet's expected accuracy would reach against it (the
+ceiling of both signals' tau), and the tau between two seeds' figures. ``--truth-seeds 0,1`` ranks against
+the mean of those seeds' figures instead (the ledger holds both for all 48 subnets of the protocol): half the
+noise's variance, a higher ceiling.
+
+``--device cuda`` trains and scores on a CUDA GPU; ``bench/supernet_gpu.sh`` runs many such processes side by
+side on one GPU until a deadline (ground-truth rows, and two supernets) and gathers their ledger and scores
+lines.
 
 ``--tables equal-cost`` compares the two searches at equal cost instead, on ``--equal-cost-space``:
 
@@ -81,9 +88,9 @@ alone as give the same validation loss.
     python bench/supernet.py [--max-len 512] [--subnets 24] [--supernet-steps 3000] [--standalone-steps 1000]
                              [--proxy-steps 200] [--spaces default,per_layer] [--train-threads 2]
                              [--sampling uniform,sandwich] [--sandwich-random 2] [--warm-start STEPS]
-                             [--supernet-work DIR]
+                             [--supernet-work DIR [--checkpoint-every 200]] [--device cpu|cuda]
                              [--json out.json] [--ledger runs/ranking.jsonl [--truth-only] [--max-new N] [--only I,J]
-                             [--train-seed K]] [--scores runs/inherited.jsonl]
+                             [--train-seed K] [--truth-seeds K,L]] [--scores runs/inherited.jsonl]
     python bench/supernet.py --tables equal-cost [--ec-supernet-steps 1200] [--ec-trials 50]
                              [--finetune-steps 400] [--work runs/bench-supernet]
 """
@@ -422,12 +429,23 @@ def rank(run: dict, subnets: list, truth_rows: list[dict | None]) -> dict:
     }  # fmt: skip
 
 
+def averaged(row: dict, by_seed: dict[int, float], seeds: list[int]) -> dict | None:
+    """``row`` with its standalone figure the mean over the training ``seeds`` (``--truth-seeds``), or None where
+    the ledger lacks one of them (the proxy stays the search's: one training, seed ``--seed``)."""
+    if any(seed not in by_seed for seed in seeds):
+        return None
+    return {**row, "standalone_test": float(np.mean([by_seed[seed] for seed in seeds]))}
+
+
 def run_space(name: str, task, args, ledger: Ledger | None, scores: Scores | None) -> tuple[list, list[dict]]:
     """The space's drawn subnets and, unless ``--truth-only``, one ranking per sampling rule (a supernet trained
     now, or its scores taken from ``--scores``), over the subnets whose standalone figures are measured."""
     space = load_space_for_task(name, task)
     subnets = draw_subnets(space, task, args)
     truth_rows = measure_truth(name, subnets, task, args, ledger)
+    if len(args.truth_seeds) > 1 and not args.truth_only:
+        truth_rows = [averaged(row, ledger.repeats.get((name, row["config"]), {}), args.truth_seeds)
+                      if row is not None else None for row in truth_rows]  # fmt: skip
     measured = sum(row is not None for row in truth_rows)
     if measured < len(subnets) or args.truth_only or args.train_seed != args.seed:
         print(f"  [{name}] standalone figures of {measured} of {len(subnets)} subnets"
@@ -614,6 +632,10 @@ def main() -> int:
     p.add_argument("--train-seed", type=int, help="the proxy and standalone trainings' seed (default: --seed); "
                    "another one, with --ledger and --only, trains those subnets again to measure how much the "
                    "ground truth itself varies (the repeatability table), not the ranking")  # fmt: skip
+    p.add_argument("--truth-seeds", type=lambda v: [int(i) for i in v.split(",")], metavar="K,L,...",
+                   help="rank against the mean of the standalone figures of these training seeds (the ledger's "
+                   "--train-seed rows; subnets lacking one are left out): less noise, a higher ceiling "
+                   "(default: --seed alone)")  # fmt: skip
     p.add_argument("--train-threads", type=int, default=2)
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where the supernets, proxies and "
                    "standalone models train and are scored (the ledger and scores lines name it)")  # fmt: skip
@@ -643,6 +665,10 @@ def main() -> int:
     args = p.parse_args()
     if args.train_seed is None:
         args.train_seed = args.seed
+    if args.truth_seeds is None:
+        args.truth_seeds = [args.seed]
+    if len(args.truth_seeds) > 1 and not args.ledger:
+        raise SystemExit("--truth-seeds: the other seeds' figures come from --ledger")
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(args.train_threads)
     try:
@@ -693,25 +719,34 @@ def print_ground_truth(task, args, ledger: Ledger, drawn: dict[str, list]) -> di
     """The standalone figures' spread beside their own noise: how high any ranking's tau can be against them
     (``drawn``: each space's subnets)."""
     print()
-    print(f"Ground truth: standalone test accuracy after {args.standalone_steps} steps (training seed {args.seed}), "
-          "and the tau a ranker that knew each subnet's expected accuracy would reach against it")  # fmt: skip
+    seeds = args.truth_seeds
+    print(f"Ground truth: standalone test accuracy after {args.standalone_steps} steps ("
+          + (f"training seed {seeds[0]}" if len(seeds) == 1 else f"the mean over training seeds "
+             f"{', '.join(map(str, seeds))}") + "), and the tau a ranker that knew each subnet's expected accuracy "
+          "would reach against it; beside it, the tau between two training seeds' figures (what one seed's "
+          "figures rank the other's with)")  # fmt: skip
     print("| space | subnets measured | standalone test min / mean / max | sd | noise sd | tau of a perfect ranker "
-          "(5-95%) | chance |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|")
+          "(5-95%) | tau seed against seed | chance |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
     doc = {}
     for name, subnets in drawn.items():
         cells = [ledger.repeats.get((name, describe_config(cfg)), {}) for cfg in subnets]
-        truth = [c[args.seed] for c in cells if args.seed in c]
+        truth = [float(np.mean([c[seed] for seed in seeds])) for c in cells if all(seed in c for seed in seeds)]
         if len(truth) < MIN_RANKED:
-            print(f"| {name} | {len(truth)} of {args.subnets} | - | - | - | - | {task.chance('test'):.4f} |")
+            print(f"| {name} | {len(truth)} of {args.subnets} | - | - | - | - | - | {task.chance('test'):.4f} |")
             continue
         noise, source = ground_noise(ledger, float(np.mean(truth)), args.n_eval)
+        if len(seeds) > 1:  # the noise of a mean over k independent trainings
+            noise, source = noise / len(seeds) ** 0.5, f"{source}, over the mean of {len(seeds)}"
         ceiling = noise_ceiling(truth, noise)
+        pairs = [(c[0], c[1]) for c in cells if 0 in c and 1 in c]
+        retest = (f"{tau([a for a, _ in pairs], [b for _, b in pairs]):.3f} (seeds 0 and 1, {len(pairs)} subnets)"
+                  if len(pairs) >= MIN_RANKED else "-")  # fmt: skip
         doc[name] = {"measured": len(truth), "sd": float(np.std(truth, ddof=1)), "noise_sd": noise,
                      "noise_source": source, "perfect_ranker_tau": ceiling}  # fmt: skip
         print(f"| {name} | {len(truth)} of {args.subnets} | {min(truth):.4f} / {np.mean(truth):.4f} / "
               f"{max(truth):.4f} | {doc[name]['sd']:.4f} | {noise:.4f} ({source}) | {ceiling[0]:.2f} "
-              f"({ceiling[1]:.2f} to {ceiling[2]:.2f}) | {task.chance('test'):.4f} |")  # fmt: skip
+              f"({ceiling[1]:.2f} to {ceiling[2]:.2f}) | {retest} | {task.chance('test'):.4f} |")  # fmt: skip
     repeated = {key: by_seed for key, by_seed in ledger.repeats.items() if len(by_seed) >= 2}
     if repeated:
         print()
@@ -759,10 +794,9 @@ def print_ranking(task, args) -> dict:
         print("PARTIAL: " + "; ".join(f"{r['space']} ({r['sampling']}) ranked over the {r['subnets']} of its "
                                       f"{r['drawn']} subnets whose standalone figures are measured" for r in partial)
               + " (the ones left are mostly the slowest to train, so these are not a uniform draw)")  # fmt: skip
-    print(
-        "Ranking fidelity (Kendall tau-b against standalone test accuracy; target: inherited >= 0.6 and above "
-        "the proxy)"
-    )
+    print("Ranking fidelity (Kendall tau-b against standalone test accuracy"
+          + (f", the mean over training seeds {', '.join(map(str, args.truth_seeds))}" if len(args.truth_seeds) > 1
+             else "") + "; target: inherited >= 0.6 and above the proxy)")  # fmt: skip
     print(
         "| space | sampling | subnets | tau inherited accuracy / loss (supernet) | tau proxy (from scratch, "
         f"{args.proxy_steps} steps) | tau by size alone: narrower / fewer parameters first | tau of a perfect "

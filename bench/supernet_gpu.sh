@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # One sitting of bench/supernet.py's ranking protocol (ListOps 512, 2,000-example splits) on a CUDA GPU: many
-# bench processes side by side (each is bound by the host's kernel launches, not by the GPU), each writing its
-# own copy of the ledger, until a deadline; then the new lines of every copy are gathered. What it runs, in
-# order of priority:
+# bench processes side by side on the one GPU, each writing its own copy of the ledger, until a deadline; then
+# the new lines of every copy are gathered. What it runs, in order of priority:
 #   - two supernets (default and per_layer spaces, uniform sampling) of SUPERNET_STEPS subnet passes, scored;
 #   - the ground-truth rows the ledger lacks: training seed 0 first, then seeds 1 and 2 (the repeats that
 #     measure, and average away, the ground truth's own noise), SLOTS processes at a time.
@@ -11,8 +10,9 @@
 #
 #   bash bench/supernet_gpu.sh OUTDIR [DEADLINE_SECONDS]
 #
-# OUTDIR receives ledger-new.jsonl, scores-new.jsonl and log.txt. Environment: SLOTS (8), SUPERNET_STEPS
-# (9000), PYTHON (python3), LEDGER (bench/results/supernet-ranking-listops512.jsonl), PROTOCOL (the bench's
+# OUTDIR receives ledger-new.jsonl, scores-new.jsonl and log.txt. Environment: SLOTS (8; 0: no ground-truth
+# units, the supernets alone: beside 8 of them a supernet pass took 0.37 s on an H200, which the GPU, busy
+# at 100%, shared among 10 processes), SUPERNET_STEPS (9000), PYTHON (python3), LEDGER (bench/results/supernet-ranking-listops512.jsonl), PROTOCOL (the bench's
 # budget and device options; a smoke run on the CPU names smaller ones).
 set -u
 OUTDIR=${1:?usage: bench/supernet_gpu.sh OUTDIR [DEADLINE_SECONDS]}
@@ -60,8 +60,10 @@ done
         echo "per_layer $seed 5"; echo "per_layer $seed 15"; echo "per_layer $seed 18"; echo "per_layer $seed 23"
     done
 } | awk '{print NR, $0}' >"$work/units.txt"
-timeout -s KILL "$DEADLINE" xargs -P "$SLOTS" -L 1 bash -c \
-    'unit "gt-$0-$1-s$2" --truth-only --spaces "$1" --train-seed "$2" --only "$3"' <"$work/units.txt"
+if [ "$SLOTS" -gt 0 ]; then  # (SLOTS=0: the supernets alone)
+    timeout -s KILL "$DEADLINE" xargs -P "$SLOTS" -L 1 bash -c \
+        'unit "gt-$0-$1-s$2" --truth-only --spaces "$1" --train-seed "$2" --only "$3"' <"$work/units.txt"
+fi
 # the supernets get what is left of the deadline
 running() { for pid in "${supernets[@]}"; do kill -0 "$pid" 2>/dev/null && return 0; done; return 1; }
 while [ $(($(date +%s) - start)) -lt "$DEADLINE" ] && running; do sleep 2; done
