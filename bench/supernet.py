@@ -29,10 +29,10 @@ later. Steps 1 and 2 do not depend on the ground truth: ``--scores`` keeps each 
 every drawn subnet, so a supernet is trained once per space, rule and budget (about an hour at the protocol's)
 and ranked again, without training, as the ledger fills. While the ledger lacks some subnets the ranking is
 taken over those it holds and printed as PARTIAL (``--max-new 0`` trains none of them now, but a space and
-rule without kept scores, or with scores from before the losses were kept, gets its supernet trained: name
-only the ones wanted with ``--spaces`` and ``--sampling``):
+rule without kept scores, or with scores from before the losses were kept, gets its supernet trained, which
+``--rank-only`` refuses: it trains nothing):
 
-    python bench/supernet.py --max-len 512 --n-train 32000 --n-eval 2000 --max-new 0 \
+    python bench/supernet.py --max-len 512 --n-train 32000 --n-eval 2000 --rank-only \
         --ledger bench/results/supernet-ranking-listops512.jsonl \
         --scores bench/results/supernet-inherited-listops512.jsonl --spaces default --sampling uniform \
         --truth-seeds 0,1
@@ -455,6 +455,10 @@ def run_space(name: str, task, args, ledger: Ledger | None, scores: Scores | Non
     results = []
     for rule in args.sampling.split(","):
         run = scores.get(name, rule, subnets) if scores else None
+        if run is None and args.rank_only:
+            print(f"  [{name} {rule}] no kept scores of this supernet in {args.scores} (--rank-only trains none)",
+                  file=sys.stderr, flush=True)  # fmt: skip
+            continue
         if run is None:
             run = score_with_supernet(space, subnets, task, rule, args)
             if scores:
@@ -659,6 +663,8 @@ def main() -> int:
                    "here, and take those it holds (a supernet of the same space, rule and budget is not trained "
                    "again as the ledger fills)")  # fmt: skip
     p.add_argument("--max-new", type=int, help="train at most this many subnets not in the ledger, then stop")
+    p.add_argument("--rank-only", action="store_true", help="train nothing: rank the kept scores (--scores) against "
+                   "the ledger; a space and rule without kept scores is named and left out")  # fmt: skip
     p.add_argument("--only", type=lambda v: {int(i) for i in v.split(",")}, metavar="I,J,...",
                    help="train only these of each space's subnets (numbered from 1) now; the others are taken "
                    "from the ledger or left for another sitting (to fit a sitting's time)")  # fmt: skip
@@ -667,6 +673,10 @@ def main() -> int:
         args.train_seed = args.seed
     if args.truth_seeds is None:
         args.truth_seeds = [args.seed]
+    if args.rank_only:
+        if not (args.ledger and args.scores):
+            raise SystemExit("--rank-only ranks kept figures: give --ledger and --scores")
+        args.max_new = 0
     if len(args.truth_seeds) > 1 and not args.ledger:
         raise SystemExit("--truth-seeds: the other seeds' figures come from --ledger")
     logging.basicConfig(level=logging.WARNING)
