@@ -184,6 +184,20 @@ def test_config_changes_are_refused_only_where_a_finished_stage_reflects_them(tm
     run.check_config(load_pipeline_config(overrides={"search.trials": 9, "pick.min_speedup": 2.0}))
 
 
+def test_where_a_finished_stage_trained_is_not_a_change_of_what_it_made(tmp_path):
+    from xsearch.pipeline.stages import stages_for
+
+    run = RunFolder(tmp_path / "r", stages_for(load_pipeline_config()))
+    run.check_config(load_pipeline_config())
+    for name in ("search", "report", "pick", "train"):
+        run.folder(name).mkdir(parents=True)
+        (run.folder(name) / "stage.json").write_text("{}")
+    run.check_config(load_pipeline_config(overrides={"train.device": "cuda"}))  # resumed on a GPU machine: taken
+    assert yaml.safe_load((run.root / "pipeline.yaml").read_text())["train"]["device"] == "cuda"
+    with pytest.raises(PipelineConfigError, match=r"stage 'train' .*train.lr"):
+        run.check_config(load_pipeline_config(overrides={"train.lr": 0.01}))
+
+
 # -- a whole run, killed twice and resumed --------------------------------------------------------
 SMALL = {
     "search.trials": 3,

@@ -94,7 +94,12 @@ class RunFolder:
             for stage in self.stages:
                 if not self.done(stage.name):
                     break
-                hit = [d for d in diffs if any(d[0] == k or d[0].startswith(k + ".") for k in stage.depends)]
+                hit = [
+                    d
+                    for d in diffs
+                    if any(d[0] == k or d[0].startswith(k + ".") for k in stage.depends)
+                    and not d[0].endswith(".device")
+                ]  # (where a stage trained is not what it made)
                 if hit:
                     shown = "; ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in hit[:4])
                     keep = " (the search keeps its trials)" if stage.resumes else ""
