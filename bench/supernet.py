@@ -121,10 +121,10 @@ from xsearch.supernet.settings import SupernetTrainSettings
 from xsearch.supernet.train import train_supernet
 from xsearch.tasks import get_task
 from xsearch.training import evaluate
-from xsearch.training.device import module_device, resolve_device
+from xsearch.training.device import module_device, on_device, resolve_device
 from xsearch.training.loop import EVAL_BATCH
 from xsearch.training.recipe import train_model
-from xsearch.training.settings import TrainSettings
+from xsearch.training.settings import DEVICES, TrainSettings
 
 
 def tau(x: list[float], y: list[float]) -> float:
@@ -251,7 +251,7 @@ def accuracy_and_loss(model, task, split: str) -> tuple[float, float]:
     nll = 0.0
     where = module_device(model)
     for ids, mask, labels in task.batches(split, EVAL_BATCH, by_length=True):
-        logits = model(ids.to(where), mask.to(where)).cpu()
+        logits = model(*on_device((ids, mask), where)).cpu()
         correct += int((logits.argmax(-1) == labels).sum())
         nll += float(torch.nn.functional.cross_entropy(logits, labels, reduction="sum"))
         total += len(labels)
@@ -641,7 +641,7 @@ def main() -> int:
                    "--train-seed rows; subnets lacking one are left out): less noise, a higher ceiling "
                    "(default: --seed alone)")  # fmt: skip
     p.add_argument("--train-threads", type=int, default=2)
-    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where the supernets, proxies and "
+    p.add_argument("--device", default="cpu", choices=DEVICES, help="where the supernets, proxies and "
                    "standalone models train and are scored (the ledger and scores lines name it)")  # fmt: skip
     p.add_argument("--tables", default="ranking", help="ranking (with the cost table), equal-cost and/or one-subnet")
     p.add_argument("--one-subnet", type=int, default=2, metavar="I", help="the one-subnet table's subnet: the I-th "

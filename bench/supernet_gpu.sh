@@ -67,7 +67,7 @@ fi
 # the supernets get what is left of the deadline
 running() { for pid in "${supernets[@]}"; do kill -0 "$pid" 2>/dev/null && return 0; done; return 1; }
 while [ $(($(date +%s) - start)) -lt "$DEADLINE" ] && running; do sleep 2; done
-pkill -KILL -f "bench/supernet.py" 2>/dev/null
+pkill -KILL -f "$work/" 2>/dev/null  # (this sitting's units alone: each names its work folder)
 kill "$smi" 2>/dev/null
 
 # the new lines of each ledger copy (after the committed ones), every scores line, the logs
