@@ -79,11 +79,14 @@ The issue's protocol (>= 40 CPU minutes a search; about 75 minutes alone on 2 co
 shapes, initialization, slicing and training loop given one subnet (``--one-subnet I`` of the first of
 ``--spaces``) to train every step, at each of ``--one-subnet-steps``, beside that subnet's inherited scores
 (``--scores``) and standalone figures (``--ledger``): the shared supernet's passes are worth as many steps
-alone as give the same validation loss.
+alone as give the same validation loss. ``--one-subnet-within attention,model`` adds a supernet of
+``--supernet-steps`` uniform passes over each half of the space: every attention variant at the subnet's sizes,
+and every size, depth and sharing at the subnet's attention; the half that keeps the subnet on the plateau is
+the sharing that holds the whole supernet back.
 
     python bench/supernet.py --tables one-subnet --one-subnet 2 --max-len 512 --n-train 32000 --n-eval 2000 \
         --spaces default --ledger bench/results/supernet-ranking-listops512.jsonl \
-        --scores bench/results/supernet-inherited-listops512.jsonl
+        --scores bench/results/supernet-inherited-listops512.jsonl [--one-subnet-within attention,model]
 
     python bench/supernet.py [--max-len 512] [--subnets 24] [--supernet-steps 3000] [--standalone-steps 1000]
                              [--proxy-steps 200] [--spaces default,per_layer] [--train-threads 2]
@@ -546,11 +549,18 @@ def equal_cost(task, task_options: dict, args) -> dict:
             "finetune_steps": args.finetune_steps}  # fmt: skip
 
 
+# --one-subnet-within: the part of the space each row's supernet draws (the rest kept at the subnet's own)
+WITHIN = {"attention": "every attention variant, the subnet's sizes kept",
+          "model": "every size, depth and sharing, the subnet's attention kept"}  # fmt: skip
+
+
 def one_subnet(task, args) -> dict:
     """The supernet's machinery (its shapes, initialization, slicing and training loop) given one subnet to train
     every step instead of a draw, at each of ``--one-subnet-steps``: how far the shared supernet's
     ``--supernet-steps`` passes over the whole space take that subnet, in steps of training it alone. Printed
-    beside the subnet's inherited scores in ``--scores`` and its standalone figures in ``--ledger``."""
+    beside the subnet's inherited scores in ``--scores`` and its standalone figures in ``--ledger``. With
+    ``--one-subnet-within``, also supernets of ``--supernet-steps`` passes drawn over half the space (every
+    attention variant at the subnet's sizes, or every size at its attention): which sharing holds it back."""
     from unittest import mock
 
     import xsearch.supernet.train as supernet_train
@@ -561,14 +571,29 @@ def one_subnet(task, args) -> dict:
     if not 1 <= args.one_subnet <= len(subnets):
         raise SystemExit(f"--one-subnet {args.one_subnet}: the space {name!r} has subnets 1 to {len(subnets)} drawn")
     cfg = subnets[args.one_subnet - 1]
-    rows = []
-    for steps in (int(v) for v in args.one_subnet_steps.split(",")):
+    uniform = supernet_train.draw_subnets
+
+    def trained(steps: int, draw) -> dict:
         sn = build_supernet(space, task.model_fields(), seed=args.seed)
-        with mock.patch.object(supernet_train, "draw_subnets", lambda *_, **__: [cfg]):
+        with mock.patch.object(supernet_train, "draw_subnets", draw):
             train_supernet(sn, task, SupernetTrainSettings(steps=steps, lr=args.lr, seed=args.seed), progress=False)
         model = extract_subnet(sn, cfg)
         (valid, valid_loss), (test, _) = accuracy_and_loss(model, task, "valid"), accuracy_and_loss(model, task, "test")
-        rows.append({"steps": steps, "valid": valid, "valid_loss": valid_loss, "test": test})
+        return {"steps": steps, "valid": valid, "valid_loss": valid_loss, "test": test}
+
+    rows = [trained(int(steps), lambda *_, **__: [cfg]) for steps in filter(None, args.one_subnet_steps.split(","))]
+    within = []
+    for part in filter(None, args.one_subnet_within.split(",")):
+        if part not in WITHIN:
+            raise SystemExit(f"--one-subnet-within: unknown {part!r} (valid: {', '.join(WITHIN)})")
+
+        def draw(*a, _part=part, **kw):  # the space's uniform draw, the subnet's other half kept
+            drawn = uniform(*a, **kw)[0]
+            sizes, attention = (cfg, drawn) if _part == "attention" else (drawn, cfg)
+            return [dataclasses.replace(sizes, attention=attention.attention,
+                                        attention_params=attention.attention_params)]  # fmt: skip
+
+        within.append({"within": part, **trained(args.supernet_steps, draw)})
     run = Scores(args.scores, args).runs.get((name, "uniform")) if args.scores else None
     shared = next((s for s in run["scores"] if s["config"] == describe_config(cfg)), None) if run else None
     alone = Ledger(args.ledger, args).repeats.get((name, describe_config(cfg)), {}) if args.ledger else {}
@@ -579,6 +604,9 @@ def one_subnet(task, args) -> dict:
     for r in rows:
         print(f"| alone, in the supernet | {r['steps']} | {r['valid']:.4f} | {r['valid_loss']:.4f} | {r['test']:.4f} | "
               f"{task.chance('test'):.4f} |")  # fmt: skip
+    for r in within:
+        print(f"| shared: the uniform supernet over {WITHIN[r['within']]} | {r['steps']} passes | "
+              f"{r['valid']:.4f} | {r['valid_loss']:.4f} | {r['test']:.4f} | {task.chance('test'):.4f} |")  # fmt: skip
     if shared and "inherited_loss" in shared:
         print(
             f"| shared: the uniform supernet over the space | {run['subnet_passes']} passes, all subnets | "
@@ -588,7 +616,8 @@ def one_subnet(task, args) -> dict:
         seeds = ", ".join(f"{seed}: {acc:.4f}" for seed, acc in sorted(alone.items()))
         print(f"| standalone (ledger, by training seed) | {args.standalone_steps} | - | - | {seeds} | "
               f"{task.chance('test'):.4f} |")  # fmt: skip
-    return {"space": name, "subnet": describe_config(cfg), "rows": rows, "shared": shared, "standalone": alone}
+    return {"space": name, "subnet": describe_config(cfg), "rows": rows, "within": within, "shared": shared,
+            "standalone": alone}  # fmt: skip
 
 
 def print_equal_cost(ec: dict, chance: float) -> None:
@@ -646,7 +675,11 @@ def main() -> int:
     p.add_argument("--tables", default="ranking", help="ranking (with the cost table), equal-cost and/or one-subnet")
     p.add_argument("--one-subnet", type=int, default=2, metavar="I", help="the one-subnet table's subnet: the I-th "
                    "drawn of the first of --spaces")  # fmt: skip
-    p.add_argument("--one-subnet-steps", default="200,400,1000", help="the one-subnet table's budgets")
+    p.add_argument("--one-subnet-steps", default="200,400,1000", help="the one-subnet table's budgets ('': none)")
+    p.add_argument("--one-subnet-within", default="", metavar="PARTS", help="the one-subnet table's rows of a "
+                   "supernet trained --supernet-steps uniform passes over part of the space: 'attention' (every "
+                   "variant drawn, the subnet's sizes kept) and/or 'model' (every size drawn, the subnet's "
+                   "attention kept): which of the two shared halves keeps the subnet on the plateau")  # fmt: skip
     p.add_argument("--equal-cost-space", default="default")
     p.add_argument("--ec-supernet-steps", type=int, default=1200, help="the one-shot arm's supernet training")
     p.add_argument("--ec-trials", type=int, default=50, help="candidates the one-shot arm scores (with measured "
