@@ -582,10 +582,11 @@ def one_subnet(task, args) -> dict:
         return {"steps": steps, "valid": valid, "valid_loss": valid_loss, "test": test}
 
     rows = [trained(int(steps), lambda *_, **__: [cfg]) for steps in filter(None, args.one_subnet_steps.split(","))]
+    if args.one_subnet_within and space.per_layer:
+        raise SystemExit(f"--one-subnet-within: the space {name!r} draws each layer's attention; give a space "
+                         "that draws one for the whole model")  # fmt: skip
     within = []
-    for part in filter(None, args.one_subnet_within.split(",")):
-        if part not in WITHIN:
-            raise SystemExit(f"--one-subnet-within: unknown {part!r} (valid: {', '.join(WITHIN)})")
+    for part in args.one_subnet_within:
 
         def draw(*a, _part=part, **kw):  # the space's uniform draw, the subnet's other half kept
             drawn = uniform(*a, **kw)[0]
@@ -710,6 +711,9 @@ def main() -> int:
         if not (args.ledger and args.scores):
             raise SystemExit("--rank-only ranks kept figures: give --ledger and --scores")
         args.max_new = 0
+    args.one_subnet_within = [v for v in args.one_subnet_within.split(",") if v]
+    if unknown := set(args.one_subnet_within) - set(WITHIN):
+        raise SystemExit(f"--one-subnet-within: unknown {', '.join(sorted(unknown))} (valid: {', '.join(WITHIN)})")
     if len(args.truth_seeds) > 1 and not args.ledger:
         raise SystemExit("--truth-seeds: the other seeds' figures come from --ledger")
     logging.basicConfig(level=logging.WARNING)
