@@ -595,7 +595,7 @@ def one_subnet(task, args) -> dict:
                                         attention_params=attention.attention_params)]  # fmt: skip
 
         within.append({"within": part, **trained(args.supernet_steps, draw)})
-    run = Scores(args.scores, args).runs.get((name, "uniform")) if args.scores else None
+    run = Scores(args.scores, args).get(name, "uniform", subnets) if args.scores else None
     shared = next((s for s in run["scores"] if s["config"] == describe_config(cfg)), None) if run else None
     alone = Ledger(args.ledger, args).repeats.get((name, describe_config(cfg)), {}) if args.ledger else {}
     print()
