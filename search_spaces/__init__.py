@@ -14,7 +14,7 @@ ratio for each layer (``layers.0.attention``, ...).
 """
 
 from xsearch.search_spaces.dims import Dim, SpaceError
-from xsearch.search_spaces.draw import BoundaryDraw, RandomDraw
+from xsearch.search_spaces.draw import BoundaryDraw, RandomDraw, ShrinkingDraw
 from xsearch.search_spaces.loader import MODEL_KEYS, list_spaces, load_space, load_space_for_task, space_from_yaml
 from xsearch.search_spaces.space import SearchSpace
 
@@ -24,6 +24,7 @@ __all__ = [
     "BoundaryDraw",
     "RandomDraw",
     "SearchSpace",
+    "ShrinkingDraw",
     "SpaceError",
     "list_spaces",
     "load_space",

@@ -1,5 +1,7 @@
 """The supernet's sampling rules: the sandwich rule's largest and smallest subnets, its in-place distillation,
-and a sandwich training that resumes exactly."""
+progressive shrinking's schedule, and trainings that resume exactly."""
+
+import dataclasses
 
 import pytest
 import torch
@@ -143,3 +145,74 @@ def test_a_checkpoint_older_than_an_option_resumes_and_other_settings_are_refuse
 def test_subnets_per_step_counts_the_sandwich_rules_passes():
     assert SupernetTrainSettings(steps=1).subnets_per_step == 1
     assert SupernetTrainSettings(steps=1, sampling="sandwich", sandwich_random=3).subnets_per_step == 5
+
+
+@pytest.mark.parametrize("name", ["default", "per_layer"])
+def test_progressive_shrinking_starts_at_the_top_and_lets_the_ranges_down_to_uniform(name):
+    from xsearch.search_spaces import BoundaryDraw, RandomDraw, ShrinkingDraw
+
+    space = load_space(name, max_len=512)
+    draw = lambda s: draw_subnets(space, FIELDS, 0, s, "progressive", steps=100, shrink_fraction=0.5)[0]  # noqa: E731
+    # step 0: every number at its top, the reference's sharing; the attention is still drawn
+    firsts = [draw_subnets(space, FIELDS, seed, 0, "progressive", steps=100)[0] for seed in range(30)]
+    for cfg in firsts:
+        assert (cfg.d_model, cfg.n_layers, cfg.weight_sharing) == (256, 4, "none")
+        assert all((lay["n_heads"], lay["d_ff"]) == (8, 1024) for lay in cfg.layer_configs())
+    assert len({lay["attention"] for cfg in firsts for lay in cfg.layer_configs()}) > 5
+    # half way through the ramp, only the top half of each range: d_model 128 or 256, 3 or 4 layers
+    mid = [draw_subnets(space, FIELDS, seed, 25, "progressive", steps=100)[0] for seed in range(60)]
+    assert {c.d_model for c in mid} == {128, 256} and {c.n_layers for c in mid} == {3, 4}
+    # from shrink_fraction * steps on, the whole space: the bottoms come in
+    late = [draw(s) for s in range(50, 100)]
+    assert min(c.d_model for c in late) == 64 and min(c.n_layers for c in late) == 1
+    # the same seed and step draw the same subnet (a resumed run trains what the killed one would have)
+    assert draw(30).to_dict() == draw(30).to_dict()
+    with pytest.raises(ValueError, match="needs the run's steps"):
+        draw_subnets(space, FIELDS, 0, 0, "progressive")
+
+    # the draw itself: reach 0 is BoundaryDraw("max") on numbers, reach 1 spans each range as RandomDraw does
+    import random
+
+    top = ShrinkingDraw(random.Random(0), 0.0, {"weight_sharing": "none"})
+    largest = BoundaryDraw(random.Random(0), "max", {"weight_sharing": "none"})
+    assert top.suggest_int("n", 1, 7, step=2) == largest.suggest_int("n", 1, 7, step=2) == 7
+    assert top.suggest_float("x", 0.0, 1.0, step=0.25) == 1.0 and top.suggest_categorical("k", [16, 64, 32]) == 64
+    whole = ShrinkingDraw(random.Random(0), 1.0)
+    assert {whole.suggest_int("n", 1, 7, step=2) for _ in range(200)} == {1, 3, 5, 7}
+    assert {whole.suggest_categorical("k", [16, 64, 32]) for _ in range(200)} == {16, 32, 64}
+    half = ShrinkingDraw(random.Random(0), 0.5)
+    assert {half.suggest_int("n", 1, 9) for _ in range(300)} == {5, 6, 7, 8, 9}
+    assert all(0.5 <= half.suggest_float("x", 0.0, 1.0) <= 1.0 for _ in range(100))
+    assert {RandomDraw(random.Random(i)).suggest_int("n", 1, 9) for i in range(300)} == set(range(1, 10))
+    with pytest.raises(ValueError, match="reach must be in"):
+        ShrinkingDraw(random.Random(0), 1.5)
+
+
+def test_progressive_training_resumes_exactly_and_needs_a_budget_in_steps(tmp_path, monkeypatch):
+    import xsearch.training.loop as loop_module
+    from xsearch.errors import SettingError
+
+    task = get_task("listops", n_train=64, n_valid=16, n_test=16, min_len=8, max_len=32)
+    space = load_space("tiny", max_len=32)
+    settings = SupernetTrainSettings(steps=6, lr=3e-3, batch_size=8, sampling="progressive", checkpoint_every=3)
+    whole = build_supernet(space, task.model_fields())
+    record = train_supernet(whole, task, settings, progress=False)
+    assert record["steps"] == 6 and record["subnet_passes"] == 6
+
+    build = lambda: build_supernet(space, task.model_fields())  # noqa: E731
+    killed_at_step(monkeypatch, loop_module, "task_loss", 5, train_supernet, build(), task, settings, out=tmp_path,
+                   progress=False)  # fmt: skip
+    resumed = build()
+    again = train_supernet(resumed, task, settings, out=tmp_path, progress=False)
+    assert again["final_loss"] == pytest.approx(record["final_loss"], abs=1e-6)
+    for name in whole.shapes:
+        torch.testing.assert_close(resumed.tensor(name), whole.tensor(name), atol=1e-6, rtol=0)
+
+    # another shrink schedule is another recipe: refused by name
+    from xsearch.errors import XSearchError
+
+    faster = dataclasses.replace(settings, shrink_fraction=0.25)
+    with pytest.raises(XSearchError, match="shrink_fraction"):
+        train_supernet(build(), task, faster, out=tmp_path, progress=False)
+    with pytest.raises(SettingError, match="progressive shrinks on a schedule of steps: give steps, not seconds"):
+        SupernetTrainSettings(seconds=5.0, sampling="progressive")

@@ -6,10 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from xsearch.errors import SettingError
 from xsearch.settings import Settings, option, same_as
 from xsearch.training.settings import TrainSettings
 
-SAMPLING = ("uniform", "sandwich")
+SAMPLING = ("uniform", "sandwich", "progressive")
 
 
 @dataclass
@@ -26,17 +27,25 @@ class SupernetTrainSettings(Settings):
     weight_decay: float = same_as(TrainSettings, "weight_decay")
     grad_clip: float = same_as(TrainSettings, "grad_clip")
     seed: int = same_as(TrainSettings, "seed", help="seeds the initial weights, the subnet draws and the batch order")
-    sampling: str = option("uniform", "which subnets each step trains: uniform (one drawn uniformly, as HAT) or "
+    sampling: str = option("uniform", "which subnets each step trains: uniform (one drawn uniformly, as HAT), "
                            "sandwich (the largest on the labels; the smallest and --sandwich-random uniform draws "
-                           "distilled from it, as BigNAS)", choices=SAMPLING)  # fmt: skip
+                           "distilled from it, as BigNAS) or progressive (one drawn from the top of each size "
+                           "range, the range let down to its bottom over --shrink-fraction of the steps, as "
+                           "once-for-all)", choices=SAMPLING)  # fmt: skip
     sandwich_random: int = option(2, "the sandwich rule's uniformly drawn subnets per step", ge=0)
+    shrink_fraction: float = option(0.5, "progressive sampling: the fraction of the steps over which smaller "
+                                    "sizes are let in (uniform after it)", gt=0, le=1)  # fmt: skip
     device: str = same_as(TrainSettings, "device")
     checkpoint_every: int = option(200, "steps between checkpoints (a killed run resumes from the last)", ge=1)
 
-    rules = TrainSettings.rules  # exactly one budget
+    def rules(self) -> None:
+        TrainSettings.rules(self)  # exactly one budget
+        if self.sampling == "progressive" and self.steps is None:
+            raise SettingError(("sampling", "steps", "seconds"), "{0}=progressive shrinks on a schedule of steps: "
+                               "give {1}, not {2}")  # fmt: skip
 
     @property
     def subnets_per_step(self) -> int:
-        """Subnet passes one step makes: 1 with uniform sampling; the largest, the smallest and the uniform
-        draws with the sandwich rule."""
-        return 1 if self.sampling == "uniform" else 2 + self.sandwich_random
+        """Subnet passes one step makes: the largest, the smallest and the uniform draws with the sandwich rule;
+        1 with the others."""
+        return 2 + self.sandwich_random if self.sampling == "sandwich" else 1

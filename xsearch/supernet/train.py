@@ -1,7 +1,8 @@
 """Training a supernet: each step trains one subnet drawn uniformly from the space (as HAT does), or, with the
 sandwich rule (BigNAS), the largest subnet on the labels and the smallest and a few uniform draws distilled from
-it in place; with checkpoints that a killed run resumes from exactly (same draws, same batches, same optimizer
-state)."""
+it in place, or, with progressive shrinking (once-for-all), one subnet drawn from the top of each size range,
+the ranges let down over the run; with checkpoints that a killed run resumes from exactly (same draws, same
+batches, same optimizer state)."""
 
 from __future__ import annotations
 
@@ -24,20 +25,31 @@ CHECKPOINT_FILE = "checkpoint.safetensors"
 
 
 def draw_subnets(space, task_fields: dict[str, Any], seed: int, step: int, sampling: str = "uniform",
-                 n_random: int = 2) -> list:  # fmt: skip
+                 n_random: int = 2, *, steps: int | None = None, shrink_fraction: float = 0.5) -> list:  # fmt: skip
     """The subnets step ``step`` trains, a function of the seed and the step alone (a resumed run draws the same).
 
     ``uniform``: one subnet drawn uniformly. ``sandwich``: the largest subnet first (every number of the space
     at its top, the reference's attention and weight sharing), then the smallest (every number at its bottom,
-    the attention drawn) and ``n_random`` uniform draws.
+    the attention drawn) and ``n_random`` uniform draws. ``progressive`` (once-for-all's progressive
+    shrinking; needs the run's ``steps``): one subnet drawn from the top of each size range, the range let
+    down linearly from its top alone at step 0 to all of it at ``shrink_fraction * steps`` (uniform from then
+    on); the reference's weight sharing is taken with the probability of the range still shut. The attention
+    is always drawn uniformly: sharing across the variants does not hold a subnet back, sharing across sizes
+    does (bench/supernet.py's one-subnet table).
     """
-    from xsearch.search_spaces import BoundaryDraw, RandomDraw
+    from xsearch.search_spaces import BoundaryDraw, RandomDraw, ShrinkingDraw
 
     rng = random.Random(seed * 1_000_003 + step)
     if sampling == "uniform":
         return [space.suggest(RandomDraw(rng), task_fields)]
+    if sampling == "progressive":
+        if not steps or steps < 1:
+            raise ValueError(f"progressive sampling needs the run's steps (a positive number), got {steps!r}")
+        reach = min(1.0, step / (shrink_fraction * steps))
+        prefer = {"weight_sharing": space.reference.get("weight_sharing", "none")}
+        return [space.suggest(ShrinkingDraw(rng, reach, prefer), task_fields)]
     if sampling != "sandwich":
-        raise ValueError(f"unknown sampling rule {sampling!r} (valid: uniform, sandwich)")
+        raise ValueError(f"unknown sampling rule {sampling!r} (valid: uniform, sandwich, progressive)")
     prefer = {"attention": space.reference.get("attention", "full"),
               "weight_sharing": space.reference.get("weight_sharing", "none")}  # fmt: skip
     largest = space.suggest(BoundaryDraw(rng, "max", prefer), task_fields)
@@ -164,7 +176,8 @@ def train_supernet(sn, task, settings: SupernetTrainSettings, *, out: str | os.P
     with loop:
         for step in loop:
             subnets = draw_subnets(sn.space, fields, settings.seed, step, settings.sampling,
-                                   settings.sandwich_random)  # fmt: skip
+                                   settings.sandwich_random, steps=settings.steps,
+                                   shrink_fraction=settings.shrink_fraction)  # fmt: skip
             ids, mask, labels = on_device(next(batches), sn.device)
             torch.manual_seed(settings.seed * 1_000_003 + step)  # dropout, and any variant's own draws
             if len(subnets) == 1:
