@@ -4,7 +4,9 @@ For each space (``--spaces``, default ``default`` and ``per_layer``) on ListOps 
 
 1. a supernet over the space is trained for ``--supernet-steps`` subnet passes, one per step drawn uniformly
    (``--sampling uniform``) and/or, with ``--sampling sandwich``, the sandwich rule's 2 + ``--sandwich-random``
-   subnets a step (fewer steps, the same passes);
+   subnets a step (fewer steps, the same passes), and/or, with ``--sampling progressive``, one subnet a step
+   drawn from the top of each size range, the ranges let down to uniform over the first half of the steps
+   (once-for-all's progressive shrinking, ``shrink_fraction`` at its default);
 2. ``--subnets`` subnets are drawn uniformly (seeded); each is scored on the validation split with its
    inherited weights (no training): the one-shot search's signal, its accuracy and its mean cross-entropy (the
    loss, which HAT ranks by, still tells apart subnets whose predictions, and so accuracies, are the same);
@@ -90,7 +92,7 @@ the sharing that holds the whole supernet back.
 
     python bench/supernet.py [--max-len 512] [--subnets 24] [--supernet-steps 3000] [--standalone-steps 1000]
                              [--proxy-steps 200] [--spaces default,per_layer] [--train-threads 2]
-                             [--sampling uniform,sandwich] [--sandwich-random 2] [--warm-start STEPS]
+                             [--sampling uniform,sandwich,progressive] [--sandwich-random 2] [--warm-start STEPS]
                              [--supernet-work DIR [--checkpoint-every 200]] [--device cpu|cuda]
                              [--json out.json] [--ledger runs/ranking.jsonl [--truth-only] [--max-new N] [--only I,J]
                              [--train-seed K] [--truth-seeds K,L]] [--scores runs/inherited.jsonl]
@@ -365,6 +367,7 @@ def score_with_supernet(space, subnets: list, task, rule: str, args) -> dict:
           f"loss {record['final_loss']:.3f}, reference subnet {record['reference_valid']:.4f} validation); "
           f"{len(scores)} subnets scored", file=sys.stderr, flush=True)  # fmt: skip
     return {"space": space.name, "sampling": rule, "warm_start": args.warm_start,
+            **({"shrink_fraction": settings.shrink_fraction} if rule == "progressive" else {}),
             **({k: v for k, v in warm.items() if k != "model"} if warm else {}), "supernet_steps": record["steps"],
             "subnet_passes": record["subnet_passes"], "supernet_seconds": supernet_s,
             "supernet_parameters": sn.n_parameters(), "final_loss": record["final_loss"],
@@ -653,8 +656,9 @@ def main() -> int:
     p.add_argument("--proxy-steps", type=int, default=200)
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--spaces", default="default,per_layer")
-    p.add_argument("--sampling", default="uniform", help="the supernet's sampling rules to rank with, comma-separated "
-                   "(uniform, sandwich): one supernet each, at the same number of subnet passes")  # fmt: skip
+    p.add_argument("--sampling", default="uniform", help="the supernet's sampling rules to rank with, "
+                   "comma-separated (uniform, sandwich, progressive): one supernet each, at the same number of "
+                   "subnet passes")  # fmt: skip
     p.add_argument("--sandwich-random", type=int, default=2, help="the sandwich rule's uniform draws per step")
     p.add_argument("--warm-start", type=int, default=0, metavar="STEPS", help="warm-start each supernet from the "
                    "space's reference trained alone this many steps (0: from new weights)")  # fmt: skip
