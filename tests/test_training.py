@@ -201,5 +201,71 @@ def test_an_unknown_device_is_refused_by_name():
 
     with pytest.raises(ValueError, match="tpu"):
         TrainSettings(steps=1, device="tpu")
-    with pytest.raises(XSearchError, match=r"unknown device 'tpu' \(valid: cpu, cuda\)"):
+    with pytest.raises(XSearchError, match=r"unknown device 'tpu' \(valid: cpu, cuda, cuda:N\)"):
         resolve_device("tpu")
+    for bad in ("cuda:", "cuda:one", "cuda:-1", "CUDA", "cpu:0"):
+        with pytest.raises(ValueError, match=bad):
+            TrainSettings(steps=1, device=bad)
+        with pytest.raises(XSearchError, match=f"unknown device '{bad}'"):
+            resolve_device(bad)
+
+
+def test_one_gpu_of_several_is_named_cuda_n():
+    from xsearch.errors import XSearchError
+    from xsearch.training.device import resolve_device
+    from xsearch.training.settings import TrainSettings
+
+    assert TrainSettings(steps=1, device="cuda:1").device == "cuda:1"
+    assert resolve_device(torch.device("cpu")) == torch.device("cpu") == resolve_device("cpu")
+    if torch.cuda.is_available():
+        n = torch.cuda.device_count()
+        assert resolve_device(f"cuda:{n - 1}") == torch.device("cuda", n - 1)
+        wanted = f"device 'cuda:{n}': torch sees {n} CUDA GPU"
+    else:
+        wanted = r"device 'cuda:1': torch .* sees no CUDA GPU"
+        n = 1
+    with pytest.raises(XSearchError, match=wanted):
+        resolve_device(f"cuda:{n}")
+    with pytest.raises(XSearchError, match=wanted):
+        resolve_device(torch.device("cuda", n))
+
+
+def _spy_on_moves(module, monkeypatch):
+    """The devices ``module.to`` is called with, in order (and the move is made)."""
+    moves, to = [], module.to
+
+    def recorded(device, *args, **kwargs):
+        moves.append(torch.device(device))
+        return to(device, *args, **kwargs)
+
+    monkeypatch.setattr(module, "to", recorded)
+    return moves
+
+
+def test_an_interrupted_run_hands_the_model_back_where_it_was(task, monkeypatch):
+    from xsearch.supernet import build_supernet, train_supernet
+    from xsearch.supernet.settings import SupernetTrainSettings
+    from xsearch.training.settings import TrainSettings
+
+    class Interrupted(Exception):
+        pass
+
+    def interrupt(*args, **kwargs):
+        raise Interrupted
+
+    cpu = torch.device("cpu")
+    model = small_model(task)
+    moves = _spy_on_moves(model, monkeypatch)
+    with pytest.raises(Interrupted):
+        xsearch.train(model, task, steps=3, progress=False, device="cpu", loss_fn=interrupt)
+    assert moves == [cpu, cpu]  # there, then back: the second move is the one a raise used to skip
+    moves.clear()
+    monkeypatch.setattr("xsearch.training.loop.task_loss", interrupt)
+    with pytest.raises(Interrupted):
+        xsearch.train_model(model.config, task, TrainSettings(steps=3, device="cpu"), init=model, progress=False)
+    assert moves and moves[-1] == cpu and len(moves) % 2 == 0  # every move undone, the outer one last
+    sn = build_supernet("tiny", task.model_fields())
+    moves = _spy_on_moves(sn, monkeypatch)
+    with pytest.raises(Interrupted):
+        train_supernet(sn, task, SupernetTrainSettings(steps=3, batch_size=4), progress=False)
+    assert moves == [cpu, cpu]

@@ -21,7 +21,7 @@ import difflib
 import numbers
 import types
 import typing
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Container, Iterable, Mapping
 from typing import Any
 
 import yaml
@@ -211,7 +211,9 @@ def _check_field(f: dataclasses.Field, value: Any) -> None:
     meta = f.metadata
     choices = meta.get("choices")
     if choices is not None:
-        valid = tuple(choices() if callable(choices) else choices)
+        valid = choices() if callable(choices) else choices
+        if not isinstance(valid, Container):  # (a generator: read once)
+            valid = tuple(valid)
         if value not in valid:
             raise SettingError(f.name, "{0} must be one of " + ", ".join(map(str, valid)) + ", got " + _show(value))
     for key, test, word in (("gt", lambda v, b: v > b, ">"), ("ge", lambda v, b: v >= b, ">="),

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import typing
-from collections.abc import Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +70,8 @@ def add_settings(
             kwargs["type"] = _int_list if origin is list or tp is list else tp if tp in (int, float, str) else str
             choices = f.metadata.get("choices")
             if choices is not None:
-                kwargs["choices"] = list(choices() if callable(choices) else choices)
+                valid = choices() if callable(choices) else choices
+                kwargs["choices"] = valid if isinstance(valid, Container) else list(valid)  # (DeviceNames: cuda:N)
             if f.metadata.get("metavar"):
                 kwargs["metavar"] = f.metadata["metavar"]
             if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING and f.name not in defaults:

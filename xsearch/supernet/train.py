@@ -122,75 +122,73 @@ def train_supernet(sn, task, settings: SupernetTrainSettings, *, out: str | os.P
     import torch
 
     from xsearch.serialization import read_checkpoint
-    from xsearch.training.device import on_device, resolve_device
+    from xsearch.training.device import moved_to, on_device, resolve_device
     from xsearch.training.loop import endless_batches, evaluate, task_loss
     from xsearch.training.steps import StepLoop, adamw
 
     out = Path(out) if out is not None else None
-    home = sn.device
-    sn.to(resolve_device(settings.device))  # trained there; handed back where it came from
-    # ParameterDict keys hold "__" for "."; adamw reads ".bias" as a bias
-    opt, params = adamw(((k.replace("__", "."), p) for k, p in sn.weights.items()), lr=settings.lr,
-                        weight_decay=settings.weight_decay)  # fmt: skip
-    recipe = settings.to_dict()
-    recipe.pop("device")  # (not the recipe: a run may resume on another device)
-    init_described = describe_config(init.config) if init is not None else None
-    step, elapsed_before, window = 0, 0.0, []
-    found = read_checkpoint(out / CHECKPOINT_FILE, "supernet checkpoint") if out is not None else None
-    if found is not None:
-        from xsearch.supernet.io import check_matches
+    with moved_to(sn, resolve_device(settings.device)):  # trained there, handed back where it came from
+        # ParameterDict keys hold "__" for "."; adamw reads ".bias" as a bias
+        opt, params = adamw(((k.replace("__", "."), p) for k, p in sn.weights.items()), lr=settings.lr,
+                            weight_decay=settings.weight_decay)  # fmt: skip
+        recipe = settings.to_dict()
+        recipe.pop("device")  # (not the recipe: a run may resume on another device)
+        init_described = describe_config(init.config) if init is not None else None
+        step, elapsed_before, window = 0, 0.0, []
+        found = read_checkpoint(out / CHECKPOINT_FILE, "supernet checkpoint") if out is not None else None
+        if found is not None:
+            from xsearch.supernet.io import check_matches
 
-        state, tensors = found
-        check_matches(state["space"], state["task_fields"], sn.space, sn.task_fields, where=str(out))
-        trained_with = SupernetTrainSettings.with_defaults(state.get("settings") or {})
-        trained_with.pop("device")
-        if shown := show_differences(trained_with, recipe):
-            raise XSearchError(f"{out} holds a supernet trained with other settings ({shown}); choose a new --out "
-                               "or the same settings")  # fmt: skip
-        if state.get("init") != init_described:
-            raise XSearchError(f"{out} holds a supernet warm-started from {state.get('init') or 'nothing'}, not "
-                               f"{init_described or 'nothing'}; choose a new --out or the same --init")  # fmt: skip
-        _restore(sn, opt, tensors)
-        step, elapsed_before, window = state["steps"], state["seconds"], state.get("loss_window", [])
-        log.info("resuming supernet training at step %d", step)
-    elif init is not None:
-        from xsearch.supernet.supertransformer import warm_start
+            state, tensors = found
+            check_matches(state["space"], state["task_fields"], sn.space, sn.task_fields, where=str(out))
+            trained_with = SupernetTrainSettings.with_defaults(state.get("settings") or {})
+            trained_with.pop("device")
+            if shown := show_differences(trained_with, recipe):
+                raise XSearchError(f"{out} holds a supernet trained with other settings ({shown}); choose a new --out "
+                                   "or the same settings")  # fmt: skip
+            if state.get("init") != init_described:
+                raise XSearchError(f"{out} holds a supernet warm-started from {state.get('init') or 'nothing'}, not "
+                                   f"{init_described or 'nothing'}; choose a new --out or the same --init")  # fmt: skip
+            _restore(sn, opt, tensors)
+            step, elapsed_before, window = state["steps"], state["seconds"], state.get("loss_window", [])
+            log.info("resuming supernet training at step %d", step)
+        elif init is not None:
+            from xsearch.supernet.supertransformer import warm_start
 
-        log.info("warm start: %s scalars from %s", f"{warm_start(sn, init):,}", init_described)
-    fields = sn.task_fields
-    batches = endless_batches(task, settings.batch_size, settings.seed)
-    for _ in range(step):  # the batches the steps before the checkpoint used
-        next(batches)
-    loop = StepLoop(opt, params, lr=settings.lr, warmup=settings.warmup, grad_clip=settings.grad_clip,
-                    steps=settings.steps, seconds=settings.seconds, label="supernet training", progress=progress,
-                    step=step, seconds_before=elapsed_before, window=window)  # fmt: skip
-    reference = sn.space.reference_config(fields)
+            log.info("warm start: %s scalars from %s", f"{warm_start(sn, init):,}", init_described)
+        fields = sn.task_fields
+        batches = endless_batches(task, settings.batch_size, settings.seed)
+        for _ in range(step):  # the batches the steps before the checkpoint used
+            next(batches)
+        loop = StepLoop(opt, params, lr=settings.lr, warmup=settings.warmup, grad_clip=settings.grad_clip,
+                        steps=settings.steps, seconds=settings.seconds, label="supernet training", progress=progress,
+                        step=step, seconds_before=elapsed_before, window=window)  # fmt: skip
+        reference = sn.space.reference_config(fields)
 
-    def state_now(done: bool) -> dict[str, Any]:
-        return {"settings": recipe, "steps": loop.step, "subnet_passes": loop.step * settings.subnets_per_step,
-                "seconds": round(loop.elapsed, 2), "init": init_described,
-                "loss_window": loop.window, "done": done, "task": task.describe(), "space": sn.space.to_yaml(),
-                "task_fields": sn.task_fields}  # fmt: skip
+        def state_now(done: bool) -> dict[str, Any]:
+            return {"settings": recipe, "steps": loop.step, "subnet_passes": loop.step * settings.subnets_per_step,
+                    "seconds": round(loop.elapsed, 2), "init": init_described,
+                    "loss_window": loop.window, "done": done, "task": task.describe(), "space": sn.space.to_yaml(),
+                    "task_fields": sn.task_fields}  # fmt: skip
 
-    sn.train()
-    with loop:
-        for step in loop:
-            subnets = draw_subnets(sn.space, fields, settings.seed, step, settings.sampling,
-                                   settings.sandwich_random, steps=settings.steps,
-                                   shrink_fraction=settings.shrink_fraction)  # fmt: skip
-            ids, mask, labels = on_device(next(batches), sn.device)
-            torch.manual_seed(settings.seed * 1_000_003 + step)  # dropout, and any variant's own draws
-            if len(subnets) == 1:
-                loop.update(task_loss(sn.bind(subnets[0]), ids, mask, labels))
-            else:
-                loop.update(sandwich_loss(sn, subnets, ids, mask, labels))
-            if out is not None and loop.step % settings.checkpoint_every == 0:
-                _save_checkpoint(sn, opt, out, state_now(False))
-    sn.eval()
-    record = state_now(True)
-    record["final_loss"] = loop.mean_loss
-    record["reference_valid"] = evaluate(sn.bind(reference), task, "valid")
-    if out is not None:
-        _save_checkpoint(sn, opt, out, record)
-    sn.to(home)
+        sn.train()
+        with loop:
+            for step in loop:
+                subnets = draw_subnets(sn.space, fields, settings.seed, step, settings.sampling,
+                                       settings.sandwich_random, steps=settings.steps,
+                                       shrink_fraction=settings.shrink_fraction)  # fmt: skip
+                ids, mask, labels = on_device(next(batches), sn.device)
+                torch.manual_seed(settings.seed * 1_000_003 + step)  # dropout, and any variant's own draws
+                if len(subnets) == 1:
+                    loop.update(task_loss(sn.bind(subnets[0]), ids, mask, labels))
+                else:
+                    loop.update(sandwich_loss(sn, subnets, ids, mask, labels))
+                if out is not None and loop.step % settings.checkpoint_every == 0:
+                    _save_checkpoint(sn, opt, out, state_now(False))
+        sn.eval()
+        record = state_now(True)
+        record["final_loss"] = loop.mean_loss
+        record["reference_valid"] = evaluate(sn.bind(reference), task, "valid")
+        if out is not None:
+            _save_checkpoint(sn, opt, out, record)
     return record

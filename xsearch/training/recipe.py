@@ -37,13 +37,14 @@ def train_model(config, task, settings: TrainSettings, *, progress: bool | None 
     within ``settings``' budget, and score it on the test split.
 
     ``init``: a model of that config to start from instead of new weights (a subnet extracted from a
-    supernet); it is trained in place. The model trains on ``settings.device`` and is returned on the CPU.
+    supernet); it is trained in place. The model trains on ``settings.device`` and is handed back where it was
+    (a new one on the CPU), also when training raises.
     """
     import torch
 
     from xsearch.config import ModelConfig
     from xsearch.model import build_model, count_parameters
-    from xsearch.training.device import resolve_device
+    from xsearch.training.device import moved_to, resolve_device
 
     torch.manual_seed(settings.seed)
     if init is None:
@@ -53,8 +54,7 @@ def train_model(config, task, settings: TrainSettings, *, progress: bool | None 
         if init.config.to_dict() != wanted.to_dict():
             raise XSearchError("train_model: init is a model of another config")
         model = init
-    model.to(resolve_device(settings.device))  # trained and scored there, then handed back on the CPU
-    result = train(model, task, progress=progress, **settings.loop_options())
-    metric = evaluate(model, task, "test")
-    model.to("cpu")
+    with moved_to(model, resolve_device(settings.device)):  # trained and scored there, then handed back
+        result = train(model, task, progress=progress, **settings.loop_options())
+        metric = evaluate(model, task, "test")
     return TrainedModel(model, result, metric, task.chance("test"), count_parameters(model))

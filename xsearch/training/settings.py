@@ -3,13 +3,31 @@ pipeline's ``train:`` section are built from it). No torch import."""
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from xsearch.errors import SettingError
 from xsearch.settings import Settings, option, same_as
 
-DEVICES = ("cpu", "cuda")  # where a model trains (xsearch.training.device checks that it can)
+
+class DeviceNames:
+    """Where a model trains: ``cpu``, ``cuda`` (torch's current GPU) or ``cuda:N`` (GPU N of several).
+
+    A ``choices`` container: ``in`` accepts any ``cuda:N``; iterating shows the three forms (``--help``,
+    errors). ``xsearch.training.device`` checks that the device is there."""
+
+    shown = ("cpu", "cuda", "cuda:N")
+
+    def __contains__(self, value: object) -> bool:
+        return isinstance(value, str) and (value in ("cpu", "cuda") or re.fullmatch(r"cuda:\d+", value) is not None)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.shown)
+
+
+DEVICES = DeviceNames()
 
 
 @dataclass
@@ -32,7 +50,7 @@ class TrainSettings(Settings):
     label_smoothing: float = option(0.0, "smoothing of the targets of the loss (0: off)", ge=0, lt=1)
     ema: float = option(0.0, "decay of a moving average of the weights, validated and kept (0: off; e.g. 0.99)",
                         ge=0, lt=1)  # fmt: skip
-    device: str = option("cpu", "where to train: cpu, or cuda (a CUDA GPU torch sees; no fallback to the CPU)",
+    device: str = option("cpu", "where to train: cpu, cuda or cuda:N (a CUDA GPU torch sees; no fallback to the CPU)",
                          choices=DEVICES)  # fmt: skip
 
     def rules(self) -> None:
