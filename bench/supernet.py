@@ -5,8 +5,8 @@ For each space (``--spaces``, default ``default`` and ``per_layer``) on ListOps 
 1. a supernet over the space is trained for ``--supernet-steps`` subnet passes, one per step drawn uniformly
    (``--sampling uniform``) and/or, with ``--sampling sandwich``, the sandwich rule's 2 + ``--sandwich-random``
    subnets a step (fewer steps, the same passes), and/or, with ``--sampling progressive``, one subnet a step
-   drawn from the top of each size range, the ranges let down to uniform over the first half of the steps
-   (once-for-all's progressive shrinking, ``shrink_fraction`` at its default);
+   drawn from the top of each size range, the ranges let down to uniform over the first ``--shrink-fraction``
+   of the steps (once-for-all's progressive shrinking; 0.5);
 2. ``--subnets`` subnets are drawn uniformly (seeded); each is scored on the validation split with its
    inherited weights (no training): the one-shot search's signal, its accuracy and its mean cross-entropy (the
    loss, which HAT ranks by, still tells apart subnets whose predictions, and so accuracies, are the same);
@@ -282,16 +282,22 @@ class Scores:
 
     def __init__(self, path: str, args) -> None:
         self.path, self.budget = Path(path), {k: getattr(args, k) for k in self.BUDGET}
-        self.warm_start = args.warm_start
-        self.runs: dict[tuple[str, str, int], dict] = {}
+        self.warm_start, self.shrink_fraction = args.warm_start, args.shrink_fraction
+        self.runs: dict[tuple[str, str, int, float | None], dict] = {}
         for doc in read_lines(self.path):
             if doc["budget"] == self.budget:
-                self.runs[doc["space"], doc["sampling"], doc.get("warm_start", 0)] = doc
+                self.runs[self.key(doc["space"], doc["sampling"], doc.get("warm_start", 0),
+                                   doc.get("shrink_fraction"))] = doc  # fmt: skip
+
+    @staticmethod
+    def key(space: str, rule: str, warm_start: int, shrink_fraction: float | None) -> tuple:
+        """A supernet's settings beyond the budget (the shrink fraction only where the rule shrinks)."""
+        return space, rule, warm_start, shrink_fraction if rule == "progressive" else None
 
     def get(self, space: str, rule: str, subnets: list) -> dict | None:
-        """The run of ``space``, ``rule`` and ``--warm-start`` at this budget, if it scored exactly these subnets
-        and kept their losses (a run from before the losses were kept is trained again)."""
-        run = self.runs.get((space, rule, self.warm_start))
+        """The run of ``space``, ``rule``, ``--warm-start`` (and ``--shrink-fraction``) at this budget, if it scored
+        exactly these subnets and kept their losses (a run from before the losses were kept is trained again)."""
+        run = self.runs.get(self.key(space, rule, self.warm_start, self.shrink_fraction))
         if not run or [s["config"] for s in run["scores"]] != [describe_config(cfg) for cfg in subnets]:
             return None
         if any("inherited_loss" not in s for s in run["scores"]):
@@ -302,7 +308,7 @@ class Scores:
 
     def add(self, run: dict) -> None:
         doc = {"budget": self.budget, **run}
-        self.runs[run["space"], run["sampling"], run["warm_start"]] = doc
+        self.runs[self.key(run["space"], run["sampling"], run["warm_start"], run.get("shrink_fraction"))] = doc
         append_line(self.path, doc)
 
 
@@ -349,12 +355,14 @@ def score_with_supernet(space, subnets: list, task, rule: str, args) -> dict:
     sn = build_supernet(space, task.model_fields(), seed=args.seed)
     warm = warm_start_model(space, task, args) if args.warm_start else None
     settings = SupernetTrainSettings(steps=1, lr=args.lr, seed=args.seed, sampling=rule,
-                                     sandwich_random=args.sandwich_random, device=args.device,
+                                     sandwich_random=args.sandwich_random, shrink_fraction=args.shrink_fraction,
+                                     device=args.device,
                                      checkpoint_every=args.checkpoint_every)  # fmt: skip
     settings = dataclasses.replace(settings, steps=max(1, args.supernet_steps // settings.subnets_per_step))
     out = None
     if args.supernet_work:
-        out = Path(args.supernet_work) / f"{space.name}-{rule}-{args.supernet_steps}-warm{args.warm_start}"
+        shrink = f"-shrink{args.shrink_fraction:g}" if rule == "progressive" and args.shrink_fraction != 0.5 else ""
+        out = Path(args.supernet_work) / f"{space.name}-{rule}-{args.supernet_steps}-warm{args.warm_start}{shrink}"
     record = train_supernet(sn, task, settings, out=out, progress=out is not None, init=warm and warm["model"])
     supernet_s = record["seconds"]  # (over every sitting of a resumed run)
     scores = []
@@ -660,6 +668,8 @@ def main() -> int:
                    "comma-separated (uniform, sandwich, progressive): one supernet each, at the same number of "
                    "subnet passes")  # fmt: skip
     p.add_argument("--sandwich-random", type=int, default=2, help="the sandwich rule's uniform draws per step")
+    p.add_argument("--shrink-fraction", type=float, default=0.5, help="the progressive rule's share of the steps "
+                   "over which the size ranges are let down to the whole space")  # fmt: skip
     p.add_argument("--warm-start", type=int, default=0, metavar="STEPS", help="warm-start each supernet from the "
                    "space's reference trained alone this many steps (0: from new weights)")  # fmt: skip
     p.add_argument("--supernet-work", metavar="DIR", help="keep each supernet's checkpoints (and the warm start's "
@@ -790,8 +800,10 @@ def print_ground_truth(task, args, ledger: Ledger, drawn: dict[str, list]) -> di
         if len(seeds) > 1:  # the noise of a mean over k independent trainings
             noise, source = noise / len(seeds) ** 0.5, f"{source}, over the mean of {len(seeds)}"
         ceiling = noise_ceiling(truth, noise)
-        pairs = [(c[0], c[1]) for c in cells if 0 in c and 1 in c]
-        retest = (f"{tau([a for a, _ in pairs], [b for _, b in pairs]):.3f} (seeds 0 and 1, {len(pairs)} subnets)"
+        first, second = seeds[:2] if len(seeds) > 1 else (0, 1)  # (one seed ranked: retested on seeds 0 and 1)
+        pairs = [(c[first], c[second]) for c in cells if first in c and second in c]
+        retest = (f"{tau([a for a, _ in pairs], [b for _, b in pairs]):.3f} (seeds {first} and {second}, "
+                  f"{len(pairs)} subnets)"
                   if len(pairs) >= MIN_RANKED else "-")  # fmt: skip
         doc[name] = {"measured": len(truth), "sd": float(np.std(truth, ddof=1)), "noise_sd": noise,
                      "noise_source": source, "perfect_ranker_tau": ceiling}  # fmt: skip
@@ -811,10 +823,12 @@ def print_ground_truth(task, args, ledger: Ledger, drawn: dict[str, list]) -> di
 
 
 def sampling(r: dict) -> str:
-    """The sampling rule, and the warm start if any (with the reference's own test accuracy)."""
+    """The sampling rule (with its shrink fraction), and the warm start if any (with the reference's own test
+    accuracy)."""
+    rule = r["sampling"] + (f" (shrink fraction {r['shrink_fraction']:g})" if "shrink_fraction" in r else "")
     if not r.get("warm_start"):
-        return r["sampling"]
-    return f"{r['sampling']}, warm start (reference {r['warm_start']} steps: test {r['warm_start_test']:.4f})"
+        return rule
+    return f"{rule}, warm start (reference {r['warm_start']} steps: test {r['warm_start_test']:.4f})"
 
 
 def print_ranking(task, args) -> dict:
