@@ -40,6 +40,7 @@ def distill(
     ``xsearch.train`` (``batch_size``, ``lr``, ``seed``, ...). Returns the student.
     """
     from xsearch.training import train
+    from xsearch.training.device import module_device, moved_to, resolve_device
 
     if not 0.0 <= alpha <= 1.0:
         raise XSearchError(f"alpha must be in [0, 1], got {alpha}")
@@ -67,8 +68,10 @@ def distill(
             loss = loss + hidden_weight * err
         return loss
 
+    device = train_kwargs.get("device")
     try:
-        train(student, task, steps=steps, loss_fn=loss_fn, **train_kwargs)
+        with moved_to(teacher, resolve_device(device) if device is not None else module_device(student)):
+            train(student, task, steps=steps, loss_fn=loss_fn, **train_kwargs)
     finally:
         if proj is not None:
             del student.distill_projection

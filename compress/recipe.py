@@ -32,15 +32,19 @@ def compress_model(model, task, settings: CompressSettings, *, teacher=None, pro
     from xsearch.compress.distill import distill
     from xsearch.compress.prune import prune
     from xsearch.model import count_parameters
+    from xsearch.training.device import resolve_device
     from xsearch.training.loop import train
 
     s = settings
+    if s.finetune_steps:
+        resolve_device(s.device)  # (a device that is not there is refused before the pruning)
     before = count_parameters(model)
     torch.manual_seed(s.seed)
     if s.prune_heads or s.prune_ffn:
         prune(model, heads=s.prune_heads, ffn=s.prune_ffn, importance=s.importance, task=task)
     if s.finetune_steps:
-        options = dict(batch_size=s.batch_size, lr=s.lr, seed=s.seed, progress=progress, keep_best=s.keep_best)
+        options = dict(batch_size=s.batch_size, lr=s.lr, seed=s.seed, progress=progress, keep_best=s.keep_best,
+                       device=s.device)  # fmt: skip
         if teacher is None:
             train(model, task, steps=s.finetune_steps, **options)
         else:

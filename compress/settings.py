@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from xsearch.settings import Settings, option
+from xsearch.settings import Settings, option, same_as
+from xsearch.training.settings import TrainSettings
 
 IMPORTANCE = ("magnitude", "taylor")
 ADAPTER_KINDS = ("lora", "bottleneck")
@@ -26,6 +27,8 @@ class CompressSettings(Settings):
     batch_size: int = option(32, "fine-tuning examples per step", ge=1)
     seed: int = option(0, "seeds the fine-tuning")
     keep_best: bool = option(False, "end fine-tuning with the weights of its best validation point")
+    device: str = same_as(TrainSettings, "device", help="where to fine-tune (with the teacher): cpu, cuda or cuda:N "
+                          "(a CUDA GPU torch sees; no fallback to the CPU)")  # fmt: skip
 
 
 @dataclass

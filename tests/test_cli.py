@@ -4,6 +4,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from xsearch.cli import main
 
@@ -132,6 +133,17 @@ def test_budgets_and_limits_are_checked_before_any_work(tmp_path, capsys, monkey
     _one_line_error(capsys, [*compress, "--distill-from", str(tiny / "m")], "--distill-from needs --finetune-steps")
     _one_line_error(capsys, [*compress, "--distill-from", str(tmp_path / "nope"), "--finetune-steps", "1"],
                     str(tmp_path / "nope"))  # fmt: skip
+    if not torch.cuda.is_available():  # a GPU that is not there: refused before any work, by name
+        for argv in ([*train, "--device", "cuda", "--out", str(tmp_path / "m")],
+                     ["pretrain", *TINY, "--attention", "local", "--steps", "1", "--device", "cuda:0", "--out",
+                      str(tmp_path / "m")],
+                     [*search, "--train-device", "cuda"],
+                     [*compress, "--finetune-steps", "1", "--device", "cuda:1"],
+                     ["adapt", str(tiny / "m"), *TINY[:2], "--device", "cuda", "--out", str(tmp_path / "m")],
+                     ["supernet", "train", *TINY, "--space", "tiny", "--steps", "1", "--device", "cuda",
+                      "--out", str(tmp_path / "m")]):  # fmt: skip
+            device = argv[argv.index("--device" if "--device" in argv else "--train-device") + 1]
+            _one_line_error(capsys, argv, f"device '{device}': torch")
     assert not (tmp_path / "c").exists() and not (tmp_path / "m").exists()  # nothing left behind
     _one_line_error(capsys, ["serve", str(tiny / "m.onnx"), "--port", "70000"], "--port must be <= 65535, got 70000")
     _one_line_error(capsys, ["serve", str(tiny / "m.onnx"), "--max-batch", "0"], "--max-batch must be >= 1, got 0")

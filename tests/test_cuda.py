@@ -2,6 +2,7 @@
 mode it supports, runs the same forward on the GPU as on the CPU, trains there (``device="cuda"``) and comes back
 to the CPU; a supernet trains there and its subnets still extract with parity."""
 
+import dataclasses
 import random
 
 import pytest
@@ -59,3 +60,55 @@ def test_a_supernet_trains_on_the_gpu_and_comes_back(tasks):
     for cfg in [space.suggest(RandomDraw(rng), task.model_fields()) for _ in range(4)]:
         with torch.no_grad():
             torch.testing.assert_close(extract_subnet(sn, cfg)(ids, mask), sn(ids, mask, subnet=cfg), atol=1e-5, rtol=0)
+
+
+def test_pretraining_on_the_gpu_takes_the_cpus_steps(tasks, tmp_path):
+    """The masking is drawn on the CPU: without dropout, pretraining on the GPU takes the CPU's steps (to TF32's
+    tolerance), checkpoints there and hands the model back on the CPU."""
+    from xsearch.training.pretrain import pretrain
+    from xsearch.training.settings import PretrainSettings
+
+    task = tasks[False]
+    config = xsearch.ModelConfig(**task.model_fields(), d_model=32, n_layers=2, n_heads=4, attention="full",
+                                 dropout=0.0)  # fmt: skip
+    torch.manual_seed(0)
+    on_cpu, on_gpu = xsearch.build_model(config), xsearch.build_model(config)
+    on_gpu.load_state_dict(on_cpu.state_dict())
+    settings = PretrainSettings(steps=6, batch_size=4, checkpoint_every=3)
+    pretrain(on_cpu, task, settings, progress=False)
+    record = pretrain(on_gpu, task, dataclasses.replace(settings, device="cuda"), out=tmp_path / "p", progress=False)
+    assert record["steps"] == 6 and all(t.device.type == "cpu" for t in on_gpu.state_dict().values())
+    for name, want in on_cpu.state_dict().items():
+        torch.testing.assert_close(on_gpu.state_dict()[name], want, atol=TOLERANCE, rtol=TOLERANCE)
+    assert xsearch.load_model(tmp_path / "p").config == on_gpu.config
+
+
+def test_search_trials_train_on_the_gpu(tmp_path):
+    import optuna
+
+    from xsearch.search import SearchSettings, run_search
+
+    opts = {"n_train": 64, "n_valid": 32, "n_test": 16, "min_len": 16, "max_len": 64, "max_depth": 4}
+    s = SearchSettings(task="listops", task_options=opts, space="tiny", target="ort-cpu", trials=2,
+                       storage=f"sqlite:///{tmp_path}/s.db", study="t", train_steps=4, batch_size=16,
+                       latency_repeats=3, threads=1, latency_cache=str(tmp_path / "lat.jsonl"),
+                       train_device="cuda")  # fmt: skip
+    run_search(s, progress=False)
+    trials = optuna.load_study(study_name="t", storage=s.storage).get_trials()
+    assert [t.state.name for t in trials] == ["COMPLETE", "COMPLETE"] and all(t.values[0] > 0 for t in trials)
+
+
+def test_distillation_fine_tunes_on_the_gpu_and_hands_both_models_back(tasks):
+    from xsearch.compress.recipe import compress_model
+    from xsearch.compress.settings import CompressSettings
+
+    task = tasks[False]
+    config = xsearch.ModelConfig(**task.model_fields(), d_model=32, n_layers=2, n_heads=4, attention="full")
+    student, teacher = xsearch.build_model(config), xsearch.build_model(config)
+    before = {k: v.clone() for k, v in student.state_dict().items()}
+    settings = CompressSettings(prune_heads=0.5, finetune_steps=3, batch_size=4, device="cuda")
+    compress_model(student, task, settings, teacher=teacher, progress=False)
+    for m in (student, teacher):
+        assert all(t.device.type == "cpu" for t in m.state_dict().values())
+    assert student.config.n_heads == 2 and any(k not in before or not torch.equal(before[k], v)
+                                               for k, v in student.state_dict().items())  # fmt: skip

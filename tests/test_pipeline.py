@@ -192,8 +192,10 @@ def test_where_a_finished_stage_trained_is_not_a_change_of_what_it_made(tmp_path
     for name in ("search", "report", "pick", "train"):
         run.folder(name).mkdir(parents=True)
         (run.folder(name) / "stage.json").write_text("{}")
-    run.check_config(load_pipeline_config(overrides={"train.device": "cuda"}))  # resumed on a GPU machine: taken
-    assert yaml.safe_load((run.root / "pipeline.yaml").read_text())["train"]["device"] == "cuda"
+    gpu = {"train.device": "cuda", "search.train_device": "cuda:1"}
+    run.check_config(load_pipeline_config(overrides=gpu))  # resumed on a GPU machine: taken
+    saved = yaml.safe_load((run.root / "pipeline.yaml").read_text())
+    assert saved["train"]["device"] == "cuda" and saved["search"]["train_device"] == "cuda:1"
     with pytest.raises(PipelineConfigError, match=r"stage 'train' .*train.lr"):
         run.check_config(load_pipeline_config(overrides={"train.lr": 0.01}))
 

@@ -192,6 +192,12 @@ def test_cuda_without_a_gpu_is_refused_before_any_step(task):
     sn = build_supernet("tiny", task.model_fields())
     with pytest.raises(XSearchError, match="device 'cuda'"):
         train_supernet(sn, task, SupernetTrainSettings(steps=2, device="cuda"), progress=False)
+    from xsearch.training.pretrain import pretrain
+    from xsearch.training.settings import PretrainSettings
+
+    with pytest.raises(XSearchError, match="device 'cuda:0'"):
+        pretrain(model, task, PretrainSettings(steps=2, device="cuda:0"), progress=False)
+    assert all(torch.equal(before[k], v) and v.device.type == "cpu" for k, v in model.state_dict().items())
 
 
 def test_an_unknown_device_is_refused_by_name():
@@ -268,4 +274,13 @@ def test_an_interrupted_run_hands_the_model_back_where_it_was(task, monkeypatch)
     moves = _spy_on_moves(sn, monkeypatch)
     with pytest.raises(Interrupted):
         train_supernet(sn, task, SupernetTrainSettings(steps=3, batch_size=4), progress=False)
+    assert moves == [cpu, cpu]
+    from xsearch.training.pretrain import pretrain
+    from xsearch.training.settings import PretrainSettings
+
+    model = small_model(task)
+    moves = _spy_on_moves(model, monkeypatch)
+    monkeypatch.setattr("xsearch.training.pretrain.denoising_loss", interrupt)
+    with pytest.raises(Interrupted):
+        pretrain(model, task, PretrainSettings(steps=3, batch_size=4), progress=False)
     assert moves == [cpu, cpu]

@@ -57,6 +57,10 @@ def cmd_compress(args: argparse.Namespace) -> int:
     out = output_dir(args.out)
     if args.distill_from and not settings.finetune_steps:
         raise UsageError("--distill-from needs --finetune-steps (distillation is the fine-tuning)")
+    if settings.finetune_steps:
+        from xsearch.training.device import resolve_device
+
+        resolve_device(settings.device)  # (before the model is exported and timed)
     model = load_model(args.model)
     teacher = load_model(args.distill_from) if args.distill_from else None
     if teacher is not None and (teacher.config.head, teacher.head.out_features) != (

@@ -49,8 +49,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     from xsearch.search_spaces import load_space_for_task
     from xsearch.supernet import build_supernet
     from xsearch.supernet.train import train_supernet
+    from xsearch.training.device import resolve_device
 
     settings = settings_from_args(SupernetTrainSettings, args)
+    resolve_device(settings.device)  # (before the task is built)
     out = output_dir(args.out)
     name, options = checked_task(args.task, task_options(args))
     task = build_task(name, options)

@@ -69,7 +69,10 @@ def metric_key(task_kind: str) -> str:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from xsearch.training.device import resolve_device
+
     settings = settings_from_args(TrainSettings, args)
+    resolve_device(settings.device)  # (before the task is built)
     out = output_dir(args.out)
     if args.init is not None:
         return _train_from(args, settings, out)
@@ -95,9 +98,11 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
     import torch
 
     from xsearch.model import build_model
+    from xsearch.training.device import resolve_device
     from xsearch.training.pretrain import pretrain
 
     settings = settings_from_args(PretrainSettings, args)
+    resolve_device(settings.device)  # (before the task is built)
     out = output_dir(args.out)
     task, cfg = _task_and_config(args)
     torch.manual_seed(settings.seed)
@@ -193,10 +198,12 @@ def cmd_adapt(args: argparse.Namespace) -> int:
 
     from xsearch.compress import add_adapters, save_adapters
     from xsearch.serialization import load_model, staged_directory
+    from xsearch.training.device import resolve_device
     from xsearch.training.loop import evaluate, train
 
     adapters = settings_from_args(AdapterSettings, args)
     training = settings_from_args(TrainSettings, args, defaults=ADAPT_DEFAULTS)
+    resolve_device(training.device)  # (before the model is loaded)
     out = output_dir(args.out)
     model = load_model(args.model)
     name, options = checked_task(args.task, task_options(args))

@@ -98,7 +98,7 @@ class RunFolder:
                     d
                     for d in diffs
                     if any(d[0] == k or d[0].startswith(k + ".") for k in stage.depends)
-                    and not d[0].endswith(".device")
+                    and not d[0].endswith((".device", ".train_device"))
                 ]  # (where a stage trained is not what it made)
                 if hit:
                     shown = "; ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in hit[:4])

@@ -223,6 +223,7 @@ class Objective:
     def _train(self, trial: optuna.Trial, model) -> float:
         """Train within the per-trial budget; a single-objective study reports validation to its pruner."""
         from xsearch.training import evaluate, train
+        from xsearch.training.device import moved_to, resolve_device
 
         start = time.perf_counter()
         metric_key = metric_name(self.task.kind)
@@ -234,12 +235,13 @@ class Objective:
                 trial.set_user_attr("train_seconds", round(time.perf_counter() - start, 2))
                 self._prune(trial, f"stopped early at step {step}: {metric_key} {record['valid']:.4f}")
 
-        result = train(
-            model, self.task, steps=self.s.train_steps, seconds=self.s.train_seconds,
-            batch_size=self.s.batch_size, lr=self.s.lr, seed=self.s.seed + trial.number, progress=False,
-            eval_every=report_every(self.s) if self.single else None, callback=report if self.single else None,
-        )  # fmt: skip
-        metric = evaluate(model, self.task, "valid")
+        with moved_to(model, resolve_device(self.s.train_device)):  # trained and validated there
+            result = train(
+                model, self.task, steps=self.s.train_steps, seconds=self.s.train_seconds,
+                batch_size=self.s.batch_size, lr=self.s.lr, seed=self.s.seed + trial.number, progress=False,
+                eval_every=report_every(self.s) if self.single else None, callback=report if self.single else None,
+            )  # fmt: skip
+            metric = evaluate(model, self.task, "valid")
         trial.set_user_attr("train_seconds", round(result.seconds, 2))
         trial.set_user_attr("train_steps", result.steps)
         trial.set_user_attr(metric_key, metric)

@@ -63,8 +63,12 @@ def run_search(settings: SearchSettings, *, progress: bool = True) -> optuna.Stu
     # Errors only: a failed trial is one line of the search's own (its reason in user_attrs["error"]), not
     # Optuna's warning with a whole traceback per trial.
     optuna.logging.set_verbosity(optuna.logging.ERROR)
+    from xsearch.training.device import resolve_device
+
     load_space(settings.space)
     check_task_options(settings.task, settings.task_options)
+    if settings.supernet is None:
+        resolve_device(settings.train_device)  # a GPU that is not there fails here, not in every trial
     open_storage(settings.storage)  # reachable, before the (slower) task is built
     task = get_task(settings.task, **settings.task_options)
     space = load_space_for_task(settings.space, task)

@@ -10,6 +10,7 @@ from xsearch.errors import SettingError
 from xsearch.latency.target import list_targets
 from xsearch.latency.timing import MeasureSettings
 from xsearch.settings import Settings, option, same_as
+from xsearch.training.settings import TrainSettings
 
 SAMPLERS = ("auto", "tpe", "nsga2", "random")
 OBJECTIVES = ("both", "accuracy")
@@ -75,6 +76,9 @@ class SearchSettings(StudySettings):
     train_seconds: float | None = option(None, "training seconds per trial, instead of train_steps", gt=0)
     batch_size: int = option(32, "examples per training step", ge=1)
     lr: float = option(1e-3, "peak learning rate of each trial's training", gt=0)
+    train_device: str = same_as(TrainSettings, "device", help="where each trial trains and is validated: cpu, "
+                                "cuda or cuda:N (a CUDA GPU torch sees; no fallback; latency is measured on the "
+                                "target)")  # fmt: skip
     sampler: str = option(
         "auto", "the Optuna sampler (auto: nsga2 for a search scored with --supernet, else tpe)", choices=SAMPLERS
     )

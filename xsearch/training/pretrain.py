@@ -73,7 +73,10 @@ def corrupt(
 def denoising_loss(model, head: DenoisingHead, ids, mask, fraction: float, generator, *, restored: bool = False):
     """Cross-entropy of restoring the corrupted tokens of one batch; with ``restored``, ``(loss, the share of
     them restored exactly)`` (validation's figure: the training steps do not pay for it)."""
-    inputs, targets = corrupt(ids, mask, fraction, model.config.vocab_size, generator)
+    from xsearch.training.device import module_device, on_device
+
+    inputs, targets = corrupt(ids.cpu(), mask.cpu(), fraction, model.config.vocab_size, generator)  # (CPU draws)
+    inputs, mask, targets = on_device((inputs, mask, targets), module_device(head))
     logits = head(model.hidden_states(inputs, mask))
     chosen = targets != IGNORE
     loss = F.cross_entropy(logits[chosen], targets[chosen])
@@ -90,6 +93,7 @@ def objective(task) -> str:
 @torch.no_grad()
 def validation_loss(model, head: DenoisingHead | None, task, settings: PretrainSettings) -> dict[str, float]:
     """The pretraining objective on the valid split's inputs (the same masking every time)."""
+    from xsearch.training.device import module_device, on_device
     from xsearch.training.loop import task_loss
 
     was = model.training
@@ -98,7 +102,7 @@ def validation_loss(model, head: DenoisingHead | None, task, settings: PretrainS
     losses, accs = [], []
     for ids, mask, labels in task.batches("valid", max(settings.batch_size, 32), max_batches=_EVAL_BATCHES):
         if head is None:
-            losses.append(float(task_loss(model, ids, mask, labels)))
+            losses.append(float(task_loss(model, *on_device((ids, mask, labels), module_device(model)))))
         else:
             loss, acc = denoising_loss(model, head, ids, mask, settings.mask_fraction, g, restored=True)
             losses.append(float(loss))
@@ -168,23 +172,38 @@ def pretrain(model, task, settings: PretrainSettings, *, out: str | os.PathLike 
         XSearchError: ``out`` holds a pretraining of another model, task or settings (naming each difference).
         TrainingDiverged: the loss became NaN or infinite.
     """
-    from xsearch.serialization import read_checkpoint
-    from xsearch.training.loop import endless_batches, task_loss
-    from xsearch.training.steps import StepLoop, adamw
+    from xsearch.training.device import moved_to, resolve_device
 
     out = Path(out) if out is not None else None
+    device = resolve_device(settings.device)
     kind = objective(task)
     torch.manual_seed(settings.seed)
     head = DenoisingHead(model.config.d_model, model.config.vocab_size) if kind == "denoise" else None
+    with moved_to(model, device):  # pretrained there, handed back where it was (also when interrupted)
+        if head is not None:
+            head.to(device)
+        return _pretrain_on(model, head, kind, task, settings, out, progress)
+
+
+def _pretrain_on(model, head, kind: str, task, settings: PretrainSettings, out: Path | None,
+                 progress: bool | None) -> dict[str, Any]:  # fmt: skip
+    """``pretrain``'s steps, with the model (and the denoising head) on the training device."""
+    from xsearch.serialization import read_checkpoint
+    from xsearch.training.device import module_device, on_device
+    from xsearch.training.loop import endless_batches, task_loss
+    from xsearch.training.steps import StepLoop, adamw
+
     named = [*model.named_parameters(), *(head.named_parameters() if head is not None else ())]
     opt, params = adamw(named, lr=settings.lr, weight_decay=settings.weight_decay)
     recipe, config = settings.to_dict(), model.config.to_dict()
+    recipe.pop("device")  # (not the recipe: a run may resume on another device)
     eval_every = max(settings.steps // 4, 1) if settings.steps else None
     step, elapsed_before, window, history = 0, 0.0, [], []
     found = read_checkpoint(out / CHECKPOINT_FILE, "pretraining checkpoint") if out is not None else None
     if found is not None:
         state, tensors = found
         trained_with = PretrainSettings.with_defaults(state.get("settings") or {})
+        trained_with.pop("device")
         for what, held, now in (("of another model", state.get("config") or {}, config),
                                 ("of another task", state.get("task") or {}, task.describe()),
                                 ("with other settings", trained_with, recipe)):  # fmt: skip
@@ -215,7 +234,7 @@ def pretrain(model, task, settings: PretrainSettings, *, out: str | os.PathLike 
             ids, mask, labels = next(batches)
             torch.manual_seed(settings.seed * 1_000_003 + step)  # dropout
             if head is None:
-                loss = task_loss(model, ids, mask, labels)
+                loss = task_loss(model, *on_device((ids, mask, labels), module_device(model)))
             else:
                 g = torch.Generator().manual_seed(settings.seed * 1_000_003 + step)
                 loss = denoising_loss(model, head, ids, mask, settings.mask_fraction, g)

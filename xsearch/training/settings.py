@@ -84,5 +84,8 @@ class PretrainSettings(Settings):
     mask_fraction: float = option(0.15, "share of each input's tokens to corrupt and predict (BERT's 80/10/10 "
                                   "rule: masked, random, kept)", gt=0, lt=1)  # fmt: skip
     checkpoint_every: int = option(200, "steps between checkpoints (a killed run resumes from the last)", ge=1)
+    device: str = same_as(TrainSettings, "device", help="where to pretrain: cpu, cuda or cuda:N (a CUDA GPU "
+                          "torch sees; no fallback to the CPU; the masking is drawn on the CPU, the same on any "
+                          "device)")  # fmt: skip
 
     rules = TrainSettings.rules  # exactly one budget
