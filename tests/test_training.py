@@ -165,6 +165,20 @@ def test_step_loop_resumed_midway_takes_the_same_steps():
             nan_loop.update(model(torch.ones(1, 2)).sum() * float("nan"))
 
 
+def test_resumed_batches_go_on_where_an_uninterrupted_run_is(task):
+    """Batches skipped for a resumed run (across an epoch's end: 256 examples are 8 batches of 32) are the ones
+    an uninterrupted run drew, and the next are the ones it draws next."""
+    from xsearch.training.loop import endless_batches
+
+    whole = endless_batches(task, 32, seed=3)
+    drawn = [next(whole) for _ in range(12)]
+    resumed = endless_batches(task, 32, seed=3, skip=10)
+    for expected in drawn[10:]:
+        for a, b in zip(next(resumed), expected, strict=True):
+            assert torch.equal(a, b)
+    assert not torch.equal(drawn[0][0], drawn[8][0])  # the second epoch is reshuffled
+
+
 def test_training_on_the_named_device_is_training_where_the_model_is(task):
     torch.manual_seed(3)
     here, named = small_model(task), small_model(task)

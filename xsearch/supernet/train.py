@@ -123,8 +123,8 @@ def train_supernet(sn, task, settings: SupernetTrainSettings, *, out: str | os.P
 
     from xsearch.serialization import read_checkpoint
     from xsearch.training.device import moved_to, on_device, resolve_device
-    from xsearch.training.loop import endless_batches, evaluate, task_loss
-    from xsearch.training.steps import StepLoop, adamw
+    from xsearch.training.loop import evaluate, resumed_steps, task_loss
+    from xsearch.training.steps import adamw
 
     out = Path(out) if out is not None else None
     with moved_to(sn, resolve_device(settings.device)):  # trained there, handed back where it came from
@@ -157,12 +157,8 @@ def train_supernet(sn, task, settings: SupernetTrainSettings, *, out: str | os.P
 
             log.info("warm start: %s scalars from %s", f"{warm_start(sn, init):,}", init_described)
         fields = sn.task_fields
-        batches = endless_batches(task, settings.batch_size, settings.seed)
-        for _ in range(step):  # the batches the steps before the checkpoint used
-            next(batches)
-        loop = StepLoop(opt, params, lr=settings.lr, warmup=settings.warmup, grad_clip=settings.grad_clip,
-                        steps=settings.steps, seconds=settings.seconds, label="supernet training", progress=progress,
-                        step=step, seconds_before=elapsed_before, window=window)  # fmt: skip
+        batches, loop = resumed_steps(task, settings, opt, params, label="supernet training", progress=progress,
+                                      step=step, seconds_before=elapsed_before, window=window)  # fmt: skip
         reference = sn.space.reference_config(fields)
 
         def state_now(done: bool) -> dict[str, Any]:

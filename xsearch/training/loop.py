@@ -7,7 +7,7 @@ import logging
 import math
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -235,13 +235,19 @@ def _record(model, task, step, window, opt, eval_batches, batch_size) -> dict[st
     return {"step": step, "loss": loss, "lr": opt.param_groups[0]["lr"], "valid": valid}
 
 
-def endless_batches(task, batch_size: int, seed: int):
-    """Training batches forever: reshuffled epochs (classify) or random windows (lm)."""
+def endless_batches(task, batch_size: int, seed: int, *, skip: int = 0):
+    """Training batches forever: reshuffled epochs (classify) or random windows (lm).
+
+    ``skip`` passes over the first batches unseen: a run resumed at step ``skip`` goes on with the batches an
+    uninterrupted run would have drawn next."""
     epoch = 0
     while True:
         got = False
         for batch in task.batches("train", batch_size, shuffle=True, seed=seed + epoch):
             got = True
+            if skip:
+                skip -= 1
+                continue
             yield batch
         if not got:
             raise XSearchError("the train split is empty")
@@ -307,3 +313,26 @@ def score_logits(
     if total == 0:
         raise XSearchError(f"split {split!r} of task {task.name!r} is empty")
     return nll / total / math.log(2) if task.kind == "lm" else correct / total
+
+
+def resumed_steps(
+    task,
+    settings,
+    opt,
+    params,
+    *,
+    label: str,
+    progress,
+    step: int = 0,
+    seconds_before: float = 0.0,
+    window: list[float] | None = None,
+) -> tuple[Iterator, StepLoop]:
+    """The training batches and the step loop of a run at ``step`` (0, or where its checkpoint left it).
+
+    ``settings`` carries the recipe's ``batch_size``, ``seed``, ``lr``, ``warmup``, ``grad_clip``, ``steps`` and
+    ``seconds``; the batches go on where an uninterrupted run would be."""
+    batches = endless_batches(task, settings.batch_size, settings.seed, skip=step)
+    loop = StepLoop(opt, params, lr=settings.lr, warmup=settings.warmup, grad_clip=settings.grad_clip,
+                    steps=settings.steps, seconds=settings.seconds, label=label, progress=progress, step=step,
+                    seconds_before=seconds_before, window=window)  # fmt: skip
+    return batches, loop

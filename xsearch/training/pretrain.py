@@ -190,8 +190,8 @@ def _pretrain_on(model, head, kind: str, task, settings: PretrainSettings, out: 
     """``pretrain``'s steps, with the model (and the denoising head) on the training device."""
     from xsearch.serialization import read_checkpoint
     from xsearch.training.device import module_device, on_device
-    from xsearch.training.loop import endless_batches, task_loss
-    from xsearch.training.steps import StepLoop, adamw
+    from xsearch.training.loop import resumed_steps, task_loss
+    from xsearch.training.steps import adamw
 
     named = [*model.named_parameters(), *(head.named_parameters() if head is not None else ())]
     opt, params = adamw(named, lr=settings.lr, weight_decay=settings.weight_decay)
@@ -216,12 +216,8 @@ def _pretrain_on(model, head, kind: str, task, settings: PretrainSettings, out: 
         log.info("resuming pretraining at step %d", step)
     else:
         history = [{"step": 0, **validation_loss(model, head, task, settings)}]
-    batches = endless_batches(task, settings.batch_size, settings.seed)
-    for _ in range(step):  # the batches of the steps before the checkpoint
-        next(batches)
-    loop = StepLoop(opt, params, lr=settings.lr, warmup=settings.warmup, grad_clip=settings.grad_clip,
-                    steps=settings.steps, seconds=settings.seconds, label="pretraining", progress=progress,
-                    step=step, seconds_before=elapsed_before, window=window)  # fmt: skip
+    batches, loop = resumed_steps(task, settings, opt, params, label="pretraining", progress=progress, step=step,
+                                  seconds_before=elapsed_before, window=window)  # fmt: skip
 
     def state_now(done: bool) -> dict[str, Any]:
         return {"format": FORMAT, "objective": kind, "settings": recipe, "config": config, "task": task.describe(),
