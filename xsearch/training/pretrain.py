@@ -30,6 +30,7 @@ from torch import nn
 from xsearch.errors import XSearchError
 from xsearch.settings import show_differences
 from xsearch.tasks.encoding import PAD_ID
+from xsearch.training.device import module_device, moved_to, on_device, resolve_device
 from xsearch.training.settings import PretrainSettings
 
 log = logging.getLogger("xsearch.pretrain")
@@ -73,8 +74,6 @@ def corrupt(
 def denoising_loss(model, head: DenoisingHead, ids, mask, fraction: float, generator, *, restored: bool = False):
     """Cross-entropy of restoring the corrupted tokens of one batch; with ``restored``, ``(loss, the share of
     them restored exactly)`` (validation's figure: the training steps do not pay for it)."""
-    from xsearch.training.device import module_device, on_device
-
     inputs, targets = corrupt(ids.cpu(), mask.cpu(), fraction, model.config.vocab_size, generator)  # (CPU draws)
     inputs, mask, targets = on_device((inputs, mask, targets), module_device(head))
     logits = head(model.hidden_states(inputs, mask))
@@ -93,7 +92,6 @@ def objective(task) -> str:
 @torch.no_grad()
 def validation_loss(model, head: DenoisingHead | None, task, settings: PretrainSettings) -> dict[str, float]:
     """The pretraining objective on the valid split's inputs (the same masking every time)."""
-    from xsearch.training.device import module_device, on_device
     from xsearch.training.loop import task_loss
 
     was = model.training
@@ -172,8 +170,6 @@ def pretrain(model, task, settings: PretrainSettings, *, out: str | os.PathLike 
         XSearchError: ``out`` holds a pretraining of another model, task or settings (naming each difference).
         TrainingDiverged: the loss became NaN or infinite.
     """
-    from xsearch.training.device import moved_to, resolve_device
-
     out = Path(out) if out is not None else None
     device = resolve_device(settings.device)
     kind = objective(task)
@@ -189,7 +185,6 @@ def _pretrain_on(model, head, kind: str, task, settings: PretrainSettings, out: 
                  progress: bool | None) -> dict[str, Any]:  # fmt: skip
     """``pretrain``'s steps, with the model (and the denoising head) on the training device."""
     from xsearch.serialization import read_checkpoint
-    from xsearch.training.device import module_device, on_device
     from xsearch.training.loop import resumed_steps, task_loss
     from xsearch.training.steps import adamw
 
