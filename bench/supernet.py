@@ -56,6 +56,12 @@ ceiling of both signals' tau), and the tau between two seeds' figures. ``--truth
 the mean of those seeds' figures instead (the ledger holds both for all 48 subnets of the protocol): half the
 noise's variance, a higher ceiling.
 
+Each tau is printed with its one-sided permutation p (the share of random orders of the same scores that rank
+the ground truth at least as well), and each supernet with the spread of its inherited scores (how many
+distinct accuracies the subnets get): a tau over scores that all but tie, or with a p that is not small, says no
+more than chance. ``--supernet-seed K`` trains a supernet again from another initialisation and sampling (the
+subnets and ground truth unchanged, its scores kept apart): the supernet's own retest.
+
 ``--device cuda`` trains and scores on a CUDA GPU; ``bench/supernet_gpu.sh`` runs many such processes side by
 side on one GPU until a deadline (ground-truth rows, and two supernets) and gathers their ledger and scores
 lines.
@@ -138,6 +144,18 @@ def tau(x: list[float], y: list[float]) -> float:
         return kendall_tau(x, y)
     except XSearchError:
         return float("nan")
+
+
+def permutation_p(x: list[float], y: list[float], draws: int = 5000, seed: int = 0) -> float:
+    """One-sided permutation p-value of ``tau(x, y)``: the share of random orders of ``x`` (its ties kept) that
+    rank ``y`` at least as well. What chance alone gives a signal with no information about ``y``; NaN where
+    the tau is undefined."""
+    observed = tau(x, y)
+    if observed != observed:
+        return float("nan")
+    rng = np.random.default_rng(seed)
+    hits = sum(kendall_tau(rng.permutation(x), y) >= observed - 1e-12 for _ in range(draws))
+    return (hits + 1) / (draws + 1)
 
 
 def noise_ceiling(values: list[float], noise_sd: float, draws: int = 2000, seed: int = 0) -> tuple[float, float, float]:
@@ -283,21 +301,26 @@ class Scores:
     def __init__(self, path: str, args) -> None:
         self.path, self.budget = Path(path), {k: getattr(args, k) for k in self.BUDGET}
         self.warm_start, self.shrink_fraction = args.warm_start, args.shrink_fraction
-        self.runs: dict[tuple[str, str, int, float | None], dict] = {}
+        self.supernet_seed = args.supernet_seed
+        self.runs: dict[tuple[str, str, int, float | None, int], dict] = {}
         for doc in read_lines(self.path):
             if doc["budget"] == self.budget:
-                self.runs[self.key(doc["space"], doc["sampling"], doc.get("warm_start", 0),
-                                   doc.get("shrink_fraction"))] = doc  # fmt: skip
+                self.runs[self.key(doc)] = doc
 
     @staticmethod
-    def key(space: str, rule: str, warm_start: int, shrink_fraction: float | None) -> tuple:
-        """A supernet's settings beyond the budget (the shrink fraction only where the rule shrinks)."""
-        return space, rule, warm_start, shrink_fraction if rule == "progressive" else None
+    def key(run: dict) -> tuple:
+        """A supernet's settings beyond the budget (the shrink fraction only where the rule shrinks; lines from
+        before ``--supernet-seed`` were seeded with the budget's ``seed``)."""
+        shrink = run.get("shrink_fraction") if run["sampling"] == "progressive" else None
+        return (run["space"], run["sampling"], run.get("warm_start", 0), shrink,
+                run.get("supernet_seed", run.get("budget", {}).get("seed")))  # fmt: skip
 
     def get(self, space: str, rule: str, subnets: list) -> dict | None:
         """The run of ``space``, ``rule``, ``--warm-start`` (and ``--shrink-fraction``) at this budget, if it scored
         exactly these subnets and kept their losses (a run from before the losses were kept is trained again)."""
-        run = self.runs.get(self.key(space, rule, self.warm_start, self.shrink_fraction))
+        wanted = {"space": space, "sampling": rule, "warm_start": self.warm_start,
+                  "shrink_fraction": self.shrink_fraction, "supernet_seed": self.supernet_seed}  # fmt: skip
+        run = self.runs.get(self.key(wanted))
         if not run or [s["config"] for s in run["scores"]] != [describe_config(cfg) for cfg in subnets]:
             return None
         if any("inherited_loss" not in s for s in run["scores"]):
@@ -308,7 +331,7 @@ class Scores:
 
     def add(self, run: dict) -> None:
         doc = {"budget": self.budget, **run}
-        self.runs[self.key(run["space"], run["sampling"], run["warm_start"], run.get("shrink_fraction"))] = doc
+        self.runs[self.key(doc)] = doc
         append_line(self.path, doc)
 
 
@@ -352,9 +375,9 @@ def score_with_supernet(space, subnets: list, task, rule: str, args) -> dict:
     The sandwich rule trains 2 + ``--sandwich-random`` subnets a step: it gets ``--supernet-steps`` divided by
     that many steps, the same number of subnet passes as uniform sampling (its seconds are printed beside).
     """
-    sn = build_supernet(space, task.model_fields(), seed=args.seed)
+    sn = build_supernet(space, task.model_fields(), seed=args.supernet_seed)
     warm = warm_start_model(space, task, args) if args.warm_start else None
-    settings = SupernetTrainSettings(steps=1, lr=args.lr, seed=args.seed, sampling=rule,
+    settings = SupernetTrainSettings(steps=1, lr=args.lr, seed=args.supernet_seed, sampling=rule,
                                      sandwich_random=args.sandwich_random, shrink_fraction=args.shrink_fraction,
                                      device=args.device,
                                      checkpoint_every=args.checkpoint_every)  # fmt: skip
@@ -362,7 +385,9 @@ def score_with_supernet(space, subnets: list, task, rule: str, args) -> dict:
     out = None
     if args.supernet_work:
         shrink = f"-shrink{args.shrink_fraction:g}" if rule == "progressive" and args.shrink_fraction != 0.5 else ""
-        out = Path(args.supernet_work) / f"{space.name}-{rule}-{args.supernet_steps}-warm{args.warm_start}{shrink}"
+        seed = f"-seed{args.supernet_seed}" if args.supernet_seed != args.seed else ""
+        out = (Path(args.supernet_work)
+               / f"{space.name}-{rule}-{args.supernet_steps}-warm{args.warm_start}{shrink}{seed}")  # fmt: skip
     record = train_supernet(sn, task, settings, out=out, progress=out is not None, init=warm and warm["model"])
     supernet_s = record["seconds"]  # (over every sitting of a resumed run)
     scores = []
@@ -374,7 +399,7 @@ def score_with_supernet(space, subnets: list, task, rule: str, args) -> dict:
     print(f"  [{space.name} {rule}] supernet {record['subnet_passes']} subnet passes in {supernet_s:.0f} s (final "
           f"loss {record['final_loss']:.3f}, reference subnet {record['reference_valid']:.4f} validation); "
           f"{len(scores)} subnets scored", file=sys.stderr, flush=True)  # fmt: skip
-    return {"space": space.name, "sampling": rule, "warm_start": args.warm_start,
+    return {"space": space.name, "sampling": rule, "warm_start": args.warm_start, "supernet_seed": args.supernet_seed,
             **({"shrink_fraction": settings.shrink_fraction} if rule == "progressive" else {}),
             **({k: v for k, v in warm.items() if k != "model"} if warm else {}), "supernet_steps": record["steps"],
             "subnet_passes": record["subnet_passes"], "supernet_seconds": supernet_s,
@@ -430,6 +455,14 @@ def rank(run: dict, subnets: list, truth_rows: list[dict | None]) -> dict:
         "tau_inherited": tau([r["inherited_valid"] for r in rows], truth),
         "tau_inherited_loss": tau([-r["inherited_loss"] for r in rows], truth),
         "tau_proxy": tau([r["proxy_valid"] for r in rows], truth),
+        "p_inherited": permutation_p([r["inherited_valid"] for r in rows], truth),
+        "p_inherited_loss": permutation_p([-r["inherited_loss"] for r in rows], truth),
+        "p_proxy": permutation_p([r["proxy_valid"] for r in rows], truth),
+        "inherited_spread": {"min": min(r["inherited_valid"] for r in rows),
+                             "max": max(r["inherited_valid"] for r in rows),
+                             "distinct": len({r["inherited_valid"] for r in rows}),
+                             "loss_min": min(r["inherited_loss"] for r in rows),
+                             "loss_max": max(r["inherited_loss"] for r in rows)},
         "tau_narrower": tau([-r["d_model"] for r in rows], truth),
         "tau_fewer_parameters": tau([-r["parameters"] for r in rows], truth),
         "score_s": sum(s["score_s"] for s in run["scores"]) / len(run["scores"]),
@@ -477,7 +510,8 @@ def run_space(name: str, task, args, ledger: Ledger | None, scores: Scores | Non
             run = score_with_supernet(space, subnets, task, rule, args)
             if scores:
                 scores.add(run)
-        results.append(rank(run, subnets, truth_rows))
+        results.append({**rank(run, subnets, truth_rows), "supernet_seed": run.get("supernet_seed", args.seed),
+                        "budget_seed": args.seed})  # fmt: skip
     return subnets, results
 
 
@@ -677,6 +711,8 @@ def main() -> int:
     p.add_argument("--checkpoint-every", type=int, default=200, help="with --supernet-work, steps between a "
                    "supernet's checkpoints (each holds its weights and optimizer state)")  # fmt: skip
     p.add_argument("--seed", type=int, default=0, help="the task's data, the subnets drawn, the supernets")
+    p.add_argument("--supernet-seed", type=int, help="the ranking's supernets' initialisation and sampling "
+                   "(default: --seed): train one again with another seed to see how much of a tau is luck")  # fmt: skip
     p.add_argument("--train-seed", type=int, help="the proxy and standalone trainings' seed (default: --seed); "
                    "another one, with --ledger and --only, trains those subnets again to measure how much the "
                    "ground truth itself varies (the repeatability table), not the ranking")  # fmt: skip
@@ -719,6 +755,8 @@ def main() -> int:
     args = p.parse_args()
     if args.train_seed is None:
         args.train_seed = args.seed
+    if args.supernet_seed is None:
+        args.supernet_seed = args.seed
     if args.truth_seeds is None:
         args.truth_seeds = [args.seed]
     if args.rank_only:
@@ -826,6 +864,8 @@ def sampling(r: dict) -> str:
     """The sampling rule (with its shrink fraction), and the warm start if any (with the reference's own test
     accuracy)."""
     rule = r["sampling"] + (f" (shrink fraction {r['shrink_fraction']:g})" if "shrink_fraction" in r else "")
+    if r["supernet_seed"] != r["budget_seed"]:
+        rule += f", supernet seed {r['supernet_seed']}"
     if not r.get("warm_start"):
         return rule
     return f"{rule}, warm start (reference {r['warm_start']} steps: test {r['warm_start_test']:.4f})"
@@ -861,21 +901,31 @@ def print_ranking(task, args) -> dict:
               + " (the ones left are mostly the slowest to train, so these are not a uniform draw)")  # fmt: skip
     print("Ranking fidelity (Kendall tau-b against standalone test accuracy"
           + (f", the mean over training seeds {', '.join(map(str, args.truth_seeds))}" if len(args.truth_seeds) > 1
-             else "") + "; target: inherited >= 0.6 and above the proxy)")  # fmt: skip
+             else "") + "; target: inherited >= 0.6 and above the proxy). p: the share of random orders of the "
+          "same scores that rank at least as well (one-sided permutation test): a tau whose p is not small says "
+          "no more than chance")  # fmt: skip
     print(
-        "| space | sampling | subnets | tau inherited accuracy / loss (supernet) | tau proxy (from scratch, "
-        f"{args.proxy_steps} steps) | tau by size alone: narrower / fewer parameters first | tau of a perfect "
+        "| space | sampling | subnets | tau inherited accuracy / loss (supernet; p) | inherited validation "
+        f"accuracy min-max (distinct values) / loss min-max | tau proxy (from scratch, {args.proxy_steps} steps; p) "
+        "| tau by size alone: narrower / fewer parameters first | tau of a perfect "
         "ranker (the ground truth's noise) | standalone test of the "
         "pick by inherited accuracy / by inherited loss / by proxy / best | chance |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+
+    def ranked(t: float, p: float) -> str:
+        return f"{t:.3f} (p {p:.3f})" if t == t else "none (every subnet ties)"
 
     def picked(p: dict) -> str:
         return f"{p['test']:.4f}" + (f" (mean of a {p['tied']}-way tie)" if p["tied"] > 1 else "")
 
     for r in results:
-        print(f"| {r['space']} | {sampling(r)} | {r['subnets']} of {r['drawn']} | {r['tau_inherited']:.3f} / "
-              f"{r['tau_inherited_loss']:.3f} | {r['tau_proxy']:.3f} | {r['tau_narrower']:.3f} / "
+        spread = r["inherited_spread"]
+        print(f"| {r['space']} | {sampling(r)} | {r['subnets']} of {r['drawn']} | "
+              f"{ranked(r['tau_inherited'], r['p_inherited'])} / "
+              f"{ranked(r['tau_inherited_loss'], r['p_inherited_loss'])} | "
+              f"{spread['min']:.4f}-{spread['max']:.4f} ({spread['distinct']}) / {spread['loss_min']:.3f}-"
+              f"{spread['loss_max']:.3f} | {ranked(r['tau_proxy'], r['p_proxy'])} | {r['tau_narrower']:.3f} / "
               f"{r['tau_fewer_parameters']:.3f} | {r['perfect_ranker_tau'][0]:.2f} | "
               f"{picked(r['pick_by_inherited'])} / {picked(r['pick_by_inherited_loss'])} / "
               f"{picked(r['pick_by_proxy'])} / {r['best']:.4f} | {task.chance('test'):.4f} |")  # fmt: skip
