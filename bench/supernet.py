@@ -58,8 +58,9 @@ noise's variance, a higher ceiling.
 
 Each tau is printed with its one-sided permutation p (the share of random orders of the same scores that rank
 the ground truth at least as well), and each supernet with the spread of its inherited scores (how many
-distinct accuracies the subnets get): a tau over scores that all but tie, or with a p that is not small, says no
-more than chance. ``--supernet-seed K`` trains a supernet again from another initialisation and sampling (the
+distinct accuracies the subnets get) and its taus within the most common width alone (what it says beyond
+"narrower first"): a tau over scores that all but tie, or with a p that is not small, says no more than chance.
+``--supernet-seed K`` trains a supernet again from another initialisation and sampling (the
 subnets and ground truth unchanged, its scores kept apart): the supernet's own retest.
 
 ``--device cuda`` trains and scores on a CUDA GPU; ``bench/supernet_gpu.sh`` runs many such processes side by
@@ -473,7 +474,20 @@ def rank(run: dict, subnets: list, truth_rows: list[dict | None]) -> dict:
         "pick_by_inherited_loss": pick(rows, lambda r: -r["inherited_loss"]),
         "pick_by_proxy": pick(rows, lambda r: r["proxy_valid"]),
         "best": max(truth),
+        "within_width": within_width(rows),
     }  # fmt: skip
+
+
+def within_width(rows: list[dict]) -> dict:
+    """The inherited scores' tau (and p) among the subnets of the most common width only: what the supernet
+    says beyond "narrower first", which a score that merely encodes width would rank at chance."""
+    width = max(sorted({r["d_model"] for r in rows}), key=lambda w: sum(r["d_model"] == w for r in rows))
+    group = [r for r in rows if r["d_model"] == width]
+    truth = [r["standalone_test"] for r in group]
+    acc, loss = [r["inherited_valid"] for r in group], [-r["inherited_loss"] for r in group]
+    return {"d_model": width, "subnets": len(group), "tau_inherited": tau(acc, truth),
+            "p_inherited": permutation_p(acc, truth), "tau_inherited_loss": tau(loss, truth),
+            "p_inherited_loss": permutation_p(loss, truth)}  # fmt: skip
 
 
 def averaged(row: dict, by_seed: dict[int, float], seeds: list[int]) -> dict | None:
@@ -905,13 +919,14 @@ def print_ranking(task, args) -> dict:
           "same scores that rank at least as well (one-sided permutation test): a tau whose p is not small says "
           "no more than chance")  # fmt: skip
     print(
-        "| space | sampling | subnets | tau inherited accuracy / loss (supernet; p) | inherited validation "
+        "| space | sampling | subnets | tau inherited accuracy / loss (supernet; p) | the same within one width "
+        "(the most common; p) | inherited validation "
         f"accuracy min-max (distinct values) / loss min-max | tau proxy (from scratch, {args.proxy_steps} steps; p) "
         "| tau by size alone: narrower / fewer parameters first | tau of a perfect "
         "ranker (the ground truth's noise) | standalone test of the "
         "pick by inherited accuracy / by inherited loss / by proxy / best | chance |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
 
     def ranked(t: float, p: float) -> str:
         return f"{t:.3f} (p {p:.3f})" if t == t else "none (every subnet ties)"
@@ -920,10 +935,12 @@ def print_ranking(task, args) -> dict:
         return f"{p['test']:.4f}" + (f" (mean of a {p['tied']}-way tie)" if p["tied"] > 1 else "")
 
     for r in results:
-        spread = r["inherited_spread"]
+        spread, within = r["inherited_spread"], r["within_width"]
         print(f"| {r['space']} | {sampling(r)} | {r['subnets']} of {r['drawn']} | "
               f"{ranked(r['tau_inherited'], r['p_inherited'])} / "
-              f"{ranked(r['tau_inherited_loss'], r['p_inherited_loss'])} | "
+              f"{ranked(r['tau_inherited_loss'], r['p_inherited_loss'])} | d{within['d_model']} "
+              f"({within['subnets']}): {ranked(within['tau_inherited'], within['p_inherited'])} / "
+              f"{ranked(within['tau_inherited_loss'], within['p_inherited_loss'])} | "
               f"{spread['min']:.4f}-{spread['max']:.4f} ({spread['distinct']}) / {spread['loss_min']:.3f}-"
               f"{spread['loss_max']:.3f} | {ranked(r['tau_proxy'], r['p_proxy'])} | {r['tau_narrower']:.3f} / "
               f"{r['tau_fewer_parameters']:.3f} | {r['perfect_ranker_tau'][0]:.2f} | "
