@@ -524,8 +524,7 @@ def run_space(name: str, task, args, ledger: Ledger | None, scores: Scores | Non
             run = score_with_supernet(space, subnets, task, rule, args)
             if scores:
                 scores.add(run)
-        results.append({**rank(run, subnets, truth_rows), "supernet_seed": run.get("supernet_seed", args.seed),
-                        "budget_seed": args.seed})  # fmt: skip
+        results.append(rank(run, subnets, truth_rows))
     return subnets, results
 
 
@@ -874,11 +873,12 @@ def print_ground_truth(task, args, ledger: Ledger, drawn: dict[str, list]) -> di
     return doc
 
 
-def sampling(r: dict) -> str:
-    """The sampling rule (with its shrink fraction), and the warm start if any (with the reference's own test
-    accuracy)."""
+def sampling(r: dict, seed: int) -> str:
+    """The sampling rule (with its shrink fraction), the supernet's seed where it is not ``seed`` (``--seed``,
+    which seeded the lines from before ``--supernet-seed``), and the warm start if any (with the reference's own
+    test accuracy)."""
     rule = r["sampling"] + (f" (shrink fraction {r['shrink_fraction']:g})" if "shrink_fraction" in r else "")
-    if r["supernet_seed"] != r["budget_seed"]:
+    if r.get("supernet_seed", seed) != seed:
         rule += f", supernet seed {r['supernet_seed']}"
     if not r.get("warm_start"):
         return rule
@@ -936,7 +936,7 @@ def print_ranking(task, args) -> dict:
 
     for r in results:
         spread, within = r["inherited_spread"], r["within_width"]
-        print(f"| {r['space']} | {sampling(r)} | {r['subnets']} of {r['drawn']} | "
+        print(f"| {r['space']} | {sampling(r, args.seed)} | {r['subnets']} of {r['drawn']} | "
               f"{ranked(r['tau_inherited'], r['p_inherited'])} / "
               f"{ranked(r['tau_inherited_loss'], r['p_inherited_loss'])} | d{within['d_model']} "
               f"({within['subnets']}): {ranked(within['tau_inherited'], within['p_inherited'])} / "
@@ -956,7 +956,7 @@ def print_ranking(task, args) -> dict:
     for r in results:
         warm = (f" + the reference's {r['warm_start']} steps alone, {r['warm_start_seconds']:.0f} s"
                 if r.get("warm_start") else "")  # fmt: skip
-        print(f"| {r['space']} | {sampling(r)} | {r['supernet_parameters']:,} | {r['supernet_steps']} steps "
+        print(f"| {r['space']} | {sampling(r, args.seed)} | {r['supernet_parameters']:,} | {r['supernet_steps']} steps "
               f"({r['subnet_passes']} subnet passes), "
               f"{r['supernet_seconds']:.0f} s{warm} | {args.standalone_steps} steps, "
               + (f"{r['standalone_s']:.0f} s over {r['standalone_rows']} rows of this machine and threads "
