@@ -1,6 +1,7 @@
 """The SuperTransformer: subnets run with its weights, extraction parity for every variant alone and mixed
 per layer, save/load, training through subnets, mismatches."""
 
+import json
 import random
 
 import pytest
@@ -99,11 +100,12 @@ def test_every_variant_extracts_with_parity(name, causal, tmp_path):
     assert_extraction_parity(sn, cfgs, fields)
 
 
-def test_mixed_per_layer_subnets_extract_with_parity(tmp_path):
+@pytest.mark.parametrize("width_scaling", ["none", "fan_in"])
+def test_mixed_per_layer_subnets_extract_with_parity(tmp_path, width_scaling):
     variants = ["full", "local", "linformer", "performer", "set", "synthesizer", "xl", "bigbird", "sinkhorn"]
     space = load_space(space_file(tmp_path, {n: variant_choices(n) for n in variants}, per_layer=True),
                        max_len=MAX_LEN)  # fmt: skip
-    sn = build_supernet(space, FIELDS)
+    sn = build_supernet(space, FIELDS, width_scaling=width_scaling)
     cfgs = [c for c in draws(space, FIELDS, 30) if c.per_layer][:6]
     assert len(cfgs) == 6 and len({e["attention"] for c in cfgs for e in c.layers}) >= 5
     assert_extraction_parity(sn, cfgs, FIELDS)
@@ -203,7 +205,7 @@ def test_warm_start_is_the_inverse_of_extraction(tmp_path):
     assert changed <= touched  # (the model's tensors' supernet tensors, and no other; norms start equal)
     assert {n for n in touched if not n.split(".")[-2].startswith("ln")} <= changed
     for name in touched:  # and within them, only the leading slice
-        shape = next(s for n, (src, s) in sn._template(cfg)[1].items() if src == name)
+        shape = next(s.shape for s in sn._template(cfg)[1].values() if s.source == name)
         rest = torch.ones(sn.shapes[name], dtype=torch.bool)
         rest[tuple(slice(0, k) for k in shape)] = False
         assert torch.equal(sn.tensor(name)[rest], before[name][rest]), name
@@ -223,3 +225,86 @@ def test_warm_start_refuses_a_model_of_another_task_or_space(tmp_path):
     wide = xsearch.build_model(type(cfg).from_dict({**cfg.to_dict(), "d_model": 512, "head_dim": None}))
     with pytest.raises(SubnetMismatchError, match="is not in the supernet's space"):
         warm_start(sn, wide)
+
+
+def test_fan_in_scaling_multiplies_each_narrower_linear_slice_by_the_ratio_of_initial_scales(tmp_path):
+    """Only nn.Linear weights that take fewer inputs than the supernet's are scaled, by sqrt(held / own inputs);
+    biases, norms, embeddings and full-width weights stay the plain slices, and gradients reach the supernet."""
+    space = load_space(space_file(tmp_path, {"full": {}, "linformer": {"k": [8, 16]}}), max_len=MAX_LEN)
+    plain, scaled = build_supernet(space, FIELDS, seed=2), build_supernet(space, FIELDS, seed=2, width_scaling="fan_in")
+    assert all(torch.equal(plain.tensor(n), scaled.tensor(n)) for n in plain.shapes)  # (the same weights held)
+    ref = space.reference_config(FIELDS).to_dict()
+    cfg = xsearch.ModelConfig.from_dict({**ref, "attention": "linformer", "attention_params": {"k": 8},
+                                         "d_model": 16, "n_heads": 2, "head_dim": None, "d_ff": 16})  # fmt: skip
+    model = extract_subnet(plain, cfg)
+    linear = {f"{n}.weight" for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    a, b = ({k: t.detach() for k, t in sn.subnet_tensors(cfg).items()} for sn in (plain, scaled))
+    factors = {}
+    for name in a:
+        ratio = (b[name] / a[name])[a[name] != 0]
+        if not len(ratio):  # (a tensor of zeros: biases)
+            assert torch.equal(a[name], b[name]), name
+            ratio = torch.ones(1)
+        assert torch.allclose(ratio, ratio[0].expand_as(ratio), atol=1e-6), name
+        factors[name] = round(float(ratio[0]), 5)
+    assert {n for n, f in factors.items() if f != 1.0} == linear  # fc1, fc2, q/k/v/out, the classifier: 32 -> 16
+    assert factors["blocks.0.ffn.fc2.weight"] == round((64 / 16) ** 0.5, 5)  # (d_ff: held 64 = 32 x 2, own 16)
+    assert factors["blocks.0.attn.q_proj.weight"] == round(2**0.5, 5)
+    assert factors["blocks.0.attn.E"] == 1.0  # (Linformer's own projection over the length: not a Linear)
+    # the subnet's Linear weights now spread as a model of its own width draws them (PyTorch: 1/sqrt(3 inputs))
+    fc1 = b["blocks.0.ffn.fc1.weight"]
+    assert abs(float(fc1.std()) * (3 * 16) ** 0.5 - 1) < 0.15
+    # training the subnet trains the supernet's leading slice through the factor, and nothing beyond it
+    ids, mask = batch()
+    scaled.train()
+    scaled(ids, mask, subnet=cfg).logsumexp(-1).mean().backward()
+    assert scaled.tensor("layers.0.ffn.fc1.weight").grad[:16, :16].abs().sum() > 0
+    assert scaled.tensor("layers.0.ffn.fc1.weight").grad[16:].abs().sum() == 0
+
+
+def test_fan_in_scaling_survives_save_load_warm_start_and_training(tmp_path):
+    from xsearch.errors import XSearchError
+    from xsearch.supernet import SupernetTrainSettings
+    from xsearch.supernet.train import train_supernet
+    from xsearch.tasks import get_task
+
+    space = load_space(space_file(tmp_path, {"full": {}, "local": variant_choices("local")}), max_len=MAX_LEN)
+    sn = build_supernet(space, FIELDS, width_scaling="fan_in")
+    assert "width_scaling='fan_in'" in repr(sn)
+    save_supernet(sn, tmp_path / "sn")
+    again = load_supernet(tmp_path / "sn")
+    assert again.width_scaling == "fan_in"
+    ids, mask = batch()
+    for cfg in draws(space, FIELDS, 4):
+        torch.testing.assert_close(again(ids, mask, subnet=cfg), sn.eval()(ids, mask, subnet=cfg), atol=0, rtol=0)
+    # a folder saved before the option reads as plain slices; an unknown value is named
+    doc = json.loads((tmp_path / "sn" / "config.json").read_text())
+    (tmp_path / "sn" / "config.json").write_text(json.dumps({k: v for k, v in doc.items() if k != "width_scaling"}))
+    assert load_supernet(tmp_path / "sn").width_scaling == "none"
+    (tmp_path / "sn" / "config.json").write_text(json.dumps({**doc, "width_scaling": "fan_out"}))
+    with pytest.raises(XSearchError, match="config.json: unknown width_scaling 'fan_out'"):
+        load_supernet(tmp_path / "sn")
+    with pytest.raises(ValueError, match="unknown width_scaling 'sqrt'"):
+        build_supernet(space, FIELDS, width_scaling="sqrt")
+
+    # warm start divides by the factor: the supernet then runs the model as the model does
+    narrow = next(c for c in draws(space, FIELDS, 40, seed=1) if c.d_model == 16)
+    torch.manual_seed(7)
+    model = xsearch.build_model(narrow).eval()
+    warm_start(sn, model)
+    with torch.no_grad():
+        torch.testing.assert_close(sn.eval()(ids, mask, subnet=narrow), model(ids, mask), atol=1e-5, rtol=0)
+    for name, t in extract_subnet(sn, narrow).state_dict().items():
+        torch.testing.assert_close(t, model.state_dict()[name], atol=1e-6, rtol=0)
+
+    # training takes the width scaling from its settings, and refuses a supernet built otherwise
+    task = get_task("listops", n_train=32, n_valid=8, n_test=8, min_len=8, max_len=MAX_LEN)
+    fields = task.model_fields()
+    space = load_space("tiny", max_len=MAX_LEN)
+    with pytest.raises(ValueError, match="built with width_scaling='none', the settings say 'fan_in'"):
+        train_supernet(build_supernet(space, fields), task, SupernetTrainSettings(steps=1, width_scaling="fan_in"),
+                       progress=False)  # fmt: skip
+    record = train_supernet(build_supernet(space, fields, width_scaling="fan_in"), task,
+                            SupernetTrainSettings(steps=2, batch_size=4, width_scaling="fan_in"),
+                            out=tmp_path / "trained", progress=False)  # fmt: skip
+    assert record["steps"] == 2 and load_supernet(tmp_path / "trained").width_scaling == "fan_in"

@@ -20,7 +20,8 @@ WEIGHTS_FILE = "supernet.safetensors"
 
 
 def save_supernet(sn: SuperTransformer, directory: str | os.PathLike, *, extra: dict[str, Any] | None = None) -> Path:
-    """Write ``sn`` to ``directory``: its tensors, then ``config.json`` (space YAML, task fields, seed, ``extra``),
+    """Write ``sn`` to ``directory``: its tensors, then ``config.json`` (space YAML, task fields, seed, width
+    scaling, ``extra``),
     each through a temporary name and a rename."""
     from xsearch import __version__
 
@@ -33,7 +34,8 @@ def save_supernet(sn: SuperTransformer, directory: str | os.PathLike, *, extra: 
     safetensors.torch.save_file(tensors, str(tmp), metadata={"format": FORMAT})
     os.replace(tmp, out / WEIGHTS_FILE)
     doc = {"format": FORMAT, "xsearch_version": __version__, "space_name": sn.space.name,
-           "space": sn.space.to_yaml(), "task_fields": sn.task_fields, "seed": sn.seed, **(extra or {})}  # fmt: skip
+           "space": sn.space.to_yaml(), "task_fields": sn.task_fields, "seed": sn.seed,
+           "width_scaling": sn.width_scaling, **(extra or {})}  # fmt: skip
     atomic_write_text(out / CONFIG_FILE, json.dumps(doc, indent=2, sort_keys=True))
     return out
 
@@ -61,7 +63,11 @@ def load_supernet(directory: str | os.PathLike) -> SuperTransformer:
     fields = doc["task_fields"]
     space = space_from_yaml(doc["space"], source=str(path / CONFIG_FILE), causal=bool(fields.get("causal", False)),
                             max_len=fields["max_len"])  # fmt: skip
-    sn = SuperTransformer(space, fields, init=False, seed=int(doc.get("seed", 0)))
+    scaling = doc.get("width_scaling", "none")  # (folders saved before the option hold plain slices)
+    try:
+        sn = SuperTransformer(space, fields, init=False, seed=int(doc.get("seed", 0)), width_scaling=scaling)
+    except ValueError as e:
+        raise XSearchError(f"{path / CONFIG_FILE}: {e}") from None
     weights = path / WEIGHTS_FILE
     if not weights.is_file():
         raise MissingPathError(f"missing file: {weights}")

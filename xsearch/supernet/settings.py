@@ -11,6 +11,8 @@ from xsearch.settings import Settings, option, same_as
 from xsearch.training.settings import TrainSettings
 
 SAMPLING = ("uniform", "sandwich", "progressive")
+#: How a subnet's narrower slice of a Linear weight is scaled (``SuperTransformer``'s ``width_scaling``).
+WIDTH_SCALING = ("none", "fan_in")
 
 
 @dataclass
@@ -35,6 +37,10 @@ class SupernetTrainSettings(Settings):
     sandwich_random: int = option(2, "the sandwich rule's uniformly drawn subnets per step", ge=0)
     shrink_fraction: float = option(0.5, "progressive sampling: the fraction of the steps over which smaller "
                                     "sizes are let in (uniform after it)", gt=0, le=1)  # fmt: skip
+    width_scaling: str = option("none", "how a subnet's slice of a Linear weight that takes fewer inputs than the "
+                                "supernet's is scaled: none (the plain leading slice, as HAT) or fan_in (times "
+                                "sqrt(the supernet's inputs / the subnet's), so every width starts at its own "
+                                "initial scale)", choices=WIDTH_SCALING)  # fmt: skip
     device: str = same_as(TrainSettings, "device")
     checkpoint_every: int = option(200, "steps between checkpoints (a killed run resumes from the last)", ge=1)
 

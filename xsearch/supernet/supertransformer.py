@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import copy
+import math
 from collections import OrderedDict
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -19,6 +20,7 @@ from xsearch.supernet.layout import (
     supernet_name,
     variant_shapes,
 )
+from xsearch.supernet.settings import WIDTH_SCALING
 
 #: The task's part of every subnet's config: a supernet is built for one task.
 TASK_KEYS = ("vocab_size", "max_len", "head", "n_classes", "causal")
@@ -27,6 +29,15 @@ TEMPLATES_KEPT = 8  # subnets whose built module is kept for the next call
 
 class SubnetMismatchError(XSearchError):
     """A subnet that is not in the supernet's space, or a supernet used for another space or task."""
+
+
+class Slice(NamedTuple):
+    """Where a subnet's tensor lives in the supernet: the supernet tensor's name, the subnet's (leading) shape of
+    it, and the factor the slice is multiplied by (1.0 but where ``width_scaling`` scales it)."""
+
+    source: str
+    shape: tuple[int, ...]
+    scale: float
 
 
 def _key(name: str) -> str:
@@ -44,14 +55,23 @@ class SuperTransformer(nn.Module):
         space: the ``SearchSpace``.
         task_fields: the task's ``ModelConfig`` fields (``Task.model_fields()``).
         shapes: supernet tensor name -> shape.
+        width_scaling: ``"none"``: a subnet's tensors are the plain leading slices (HAT). ``"fan_in"``: the
+            slice of a ``nn.Linear`` weight that takes fewer inputs than the supernet's is multiplied by
+            ``sqrt(supernet inputs / subnet inputs)``, the ratio of their initial scales (PyTorch's Linear
+            init draws with a spread of ``1/sqrt(inputs)``), so a narrow subnet's layers start at the scale a
+            model of its own width starts at, instead of shrunk by the wider ones' share of the inputs.
     """
 
-    def __init__(self, space, task_fields: dict[str, Any], *, init: bool = True, seed: int = 0) -> None:
+    def __init__(self, space, task_fields: dict[str, Any], *, init: bool = True, seed: int = 0,
+                 width_scaling: str = "none") -> None:  # fmt: skip
         super().__init__()
+        if width_scaling not in WIDTH_SCALING:
+            raise ValueError(f"unknown width_scaling {width_scaling!r} (valid: {', '.join(WIDTH_SCALING)})")
         self.space = space
         self.task_fields = dict(task_fields)
         self.seed = seed
-        self._templates: OrderedDict[str, tuple[nn.Module, dict[str, tuple[str, tuple[int, ...]]]]] = OrderedDict()
+        self.width_scaling = width_scaling
+        self._templates: OrderedDict[str, tuple[nn.Module, dict[str, Slice]]] = OrderedDict()
         self.weights = nn.ParameterDict()
         tensors = self._initial_tensors() if init else None
         self.shapes = {name: tuple(t.shape) for name, t in (tensors or self._initial_tensors(meta=True)).items()}
@@ -138,15 +158,17 @@ class SuperTransformer(nn.Module):
             model = build_model(ModelConfig.from_dict(copy.deepcopy(cfg.to_dict())))
         return model
 
-    def _template(self, cfg: ModelConfig) -> tuple[nn.Module, dict[str, tuple[str, tuple[int, ...]]]]:
-        """The built subnet (weights unused) and, per tensor it inherits, the supernet tensor's name and the
-        subnet's shape of it (computed once per subnet: the training loop calls this every step)."""
+    def _template(self, cfg: ModelConfig) -> tuple[nn.Module, dict[str, Slice]]:
+        """The built subnet (weights unused) and, per tensor it inherits, the supernet tensor's name, the
+        subnet's shape of it and the factor it is scaled by (computed once per subnet: the training loop calls
+        this every step)."""
         key = cfg.to_json()
         if key in self._templates:
             self._templates.move_to_end(key)
             return self._templates[key]
         model = self._build_template(cfg).to(self.device)  # (its own buffers where the supernet's tensors are)
         attention_of_layer = [layer["attention"] for layer in cfg.layer_configs()]
+        linear = {f"{name}.weight" for name, m in model.named_modules() if isinstance(m, nn.Linear)}
         mapping = {}
         for name, t in inherited_tensors(model):
             source = supernet_name(name, attention_of_layer)
@@ -156,7 +178,8 @@ class SuperTransformer(nn.Module):
                     f"subnet {describe_config(cfg)} is not in the supernet's space {self.space.name!r}: its {name} "
                     f"needs {tuple(t.shape)}, the supernet holds {held}"
                 )
-            mapping[name] = (source, tuple(t.shape))
+            narrower = self.width_scaling == "fan_in" and name in linear and t.shape[1] < held[1]
+            mapping[name] = Slice(source, tuple(t.shape), math.sqrt(held[1] / t.shape[1]) if narrower else 1.0)
         self._templates[key] = (model, mapping)
         while len(self._templates) > TEMPLATES_KEPT:
             self._templates.popitem(last=False)
@@ -171,8 +194,9 @@ class SuperTransformer(nn.Module):
         """Subnet tensor name -> its leading slice of the supernet (views: gradients reach the supernet)."""
         return self._slices(self._template(self.check_subnet(subnet))[1])
 
-    def _slices(self, mapping: dict[str, tuple[str, tuple[int, ...]]]) -> dict[str, torch.Tensor]:
-        return {name: leading_slice(self.tensor(source), shape) for name, (source, shape) in mapping.items()}
+    def _slices(self, mapping: dict[str, Slice]) -> dict[str, torch.Tensor]:
+        out = {name: leading_slice(self.tensor(s.source), s.shape) for name, s in mapping.items()}
+        return {name: t * mapping[name].scale if mapping[name].scale != 1.0 else t for name, t in out.items()}
 
     def forward(self, input_ids: torch.Tensor, mask: torch.Tensor | None = None, *, subnet) -> torch.Tensor:
         model, mapping = self._template(self.check_subnet(subnet))
@@ -184,8 +208,9 @@ class SuperTransformer(nn.Module):
         return BoundSubnet(self, self.check_subnet(subnet))
 
     def __repr__(self) -> str:  # (not nn.Module's: it would list every tensor)
+        scaled = f", width_scaling={self.width_scaling!r}" if self.width_scaling != "none" else ""
         return f"SuperTransformer(space={self.space.name!r}, tensors={len(self.shapes)}, " \
-               f"parameters={self.n_parameters():,})"  # fmt: skip
+               f"parameters={self.n_parameters():,}{scaled})"  # fmt: skip
 
     @property
     def device(self) -> torch.device:
@@ -222,13 +247,15 @@ def _padded(src: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
     return out
 
 
-def build_supernet(space, task_fields: dict[str, Any], *, seed: int = 0) -> SuperTransformer:
+def build_supernet(space, task_fields: dict[str, Any], *, seed: int = 0,
+                   width_scaling: str = "none") -> SuperTransformer:  # fmt: skip
     """A ``SuperTransformer`` over ``space`` (a ``SearchSpace`` or a shipped name / YAML path) for a task.
 
     Args:
         space: the space; loaded for the task (``causal``, ``max_len``) when given by name.
         task_fields: ``Task.model_fields()`` (vocabulary, length, head).
         seed: the initial weights' seed.
+        width_scaling: ``"none"`` or ``"fan_in"`` (see ``SuperTransformer``).
     """
     from xsearch.search_spaces import SearchSpace, load_space
 
@@ -237,7 +264,7 @@ def build_supernet(space, task_fields: dict[str, Any], *, seed: int = 0) -> Supe
     missing = [k for k in ("vocab_size", "max_len") if k not in task_fields]
     if missing:
         raise XSearchError(f"build_supernet: task_fields lacks {', '.join(missing)} (pass Task.model_fields())")
-    return SuperTransformer(space, task_fields, seed=seed)
+    return SuperTransformer(space, task_fields, seed=seed, width_scaling=width_scaling)
 
 
 def extract_subnet(sn: SuperTransformer, subnet) -> nn.Module:
@@ -259,7 +286,9 @@ def warm_start(sn: SuperTransformer, model: nn.Module) -> int:
 
     ``model`` (an ``XSearchModel`` whose config is a subnet of the supernet's space and task, such as the space's
     reference trained alone) puts each of its tensors in the leading slice of the supernet tensor that holds it;
-    every other supernet weight is left as it is. Afterwards ``extract_subnet(sn, model.config)`` equals ``model``.
+    every other supernet weight is left as it is (divided by the slice's factor where the supernet scales it:
+    ``width_scaling``). Afterwards ``extract_subnet(sn, model.config)`` equals ``model`` (to rounding where a
+    factor is not a power of two).
 
     Returns:
         How many of the supernet's scalars were overwritten.
@@ -276,10 +305,10 @@ def warm_start(sn: SuperTransformer, model: nn.Module) -> int:
     copied = 0
     with torch.no_grad():
         for name, t in given.items():
-            source, shape = mapping[name]
+            source, shape, scale = mapping[name]
             if tuple(t.shape) != shape:
                 raise SubnetMismatchError(f"warm start: the model's {name} is {tuple(t.shape)}, its config's {shape}")
-            leading_slice(sn.tensor(source), shape).copy_(t)
+            leading_slice(sn.tensor(source), shape).copy_(t / scale if scale != 1.0 else t)
             copied += t.numel()
     return copied
 
