@@ -195,8 +195,12 @@ class SuperTransformer(nn.Module):
         return self._slices(self._template(self.check_subnet(subnet))[1])
 
     def _slices(self, mapping: dict[str, Slice]) -> dict[str, torch.Tensor]:
-        out = {name: leading_slice(self.tensor(s.source), s.shape) for name, s in mapping.items()}
-        return {name: t * mapping[name].scale if mapping[name].scale != 1.0 else t for name, t in out.items()}
+        return {name: self._slice(s) for name, s in mapping.items()}
+
+    def _slice(self, s: Slice) -> torch.Tensor:
+        """The supernet's leading slice ``s``, times its scale where that is not 1."""
+        t = leading_slice(self.tensor(s.source), s.shape)
+        return t * s.scale if s.scale != 1.0 else t
 
     def forward(self, input_ids: torch.Tensor, mask: torch.Tensor | None = None, *, subnet) -> torch.Tensor:
         model, mapping = self._template(self.check_subnet(subnet))
