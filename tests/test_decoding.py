@@ -119,6 +119,7 @@ def _small_layer(name):
             id="shared",
         ),  # fmt: skip
         pytest.param(lambda: _lm(pos_encoding="learned"), id="learned-positions"),
+        pytest.param(lambda: _lm(pos_encoding="nested_sinusoidal"), id="nested-sinusoidal-positions"),
     ],
 )
 def test_model_prefill_and_step_equal_forward(model):

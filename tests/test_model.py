@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import xsearch
-from xsearch.model import count_parameters
+from xsearch.model import count_parameters, sinusoidal_positions
 
 
 def cfg(**kw):
@@ -107,6 +107,27 @@ def test_learned_positions_and_bad_inputs():
         m(torch.full((1, 4), 30))
     with pytest.raises(ValueError, match="int64"):
         m(torch.ones(1, 4))
+
+
+def test_nested_sinusoidal_positions_nest_across_widths_with_the_plain_frequencies():
+    tables = {d: sinusoidal_positions(300, d, nested=True) for d in (16, 32, 64, 128)}
+    plain = {d: sinusoidal_positions(300, d) for d in tables}
+    for d, table in tables.items():
+        torch.testing.assert_close(tables[128][:, :d], table, atol=0, rtol=0)  # a narrower width's: leading columns
+        # the plain table's frequencies in another order (d / 2 is a power of two): each row, sorted, the same
+        torch.testing.assert_close(table.sort(dim=1).values, plain[d].sort(dim=1).values, atol=1e-5, rtol=0)
+        if d < 128:  # what the plain order does not do: its narrower table holds other frequencies
+            assert (plain[128][:, :d] - plain[d]).abs().max() > 0.5
+    torch.testing.assert_close(tables[16][:, :2], plain[16][:, :2])  # pair 0: exponent 0 in both orders
+    # the exponents of the pairs 1, 2, 3: 1/2, 1/4, 3/4 (the van der Corput order)
+    pos = torch.arange(300.0)
+    for k, e in [(1, 0.5), (2, 0.25), (3, 0.75)]:
+        torch.testing.assert_close(tables[16][:, 2 * k], torch.sin(pos / 10000**e), atol=1e-4, rtol=0)
+    # a model with it: the table is its buffer, not saved (it follows from the config), and it runs
+    m = xsearch.build_model(cfg(pos_encoding="nested_sinusoidal")).eval()
+    torch.testing.assert_close(m.pos_table, sinusoidal_positions(48, 32, nested=True), atol=0, rtol=0)
+    assert "pos_table" not in m.state_dict()
+    assert m(torch.randint(1, 30, (2, 10))).shape == (2, 5)
 
 
 def test_save_is_atomic_and_load_errors(tmp_path):

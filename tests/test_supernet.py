@@ -25,12 +25,12 @@ from xsearch.supernet.layout import inherited_tensors
 FIELDS = {"vocab_size": 20, "max_len": MAX_LEN, "head": "classify", "n_classes": 5}
 
 
-def space_file(tmp_path, attention, *, per_layer=False, name="s"):
+def space_file(tmp_path, attention, *, per_layer=False, name="s", model=None):
     doc = {
         "name": name,
         "per_layer": per_layer,
         "reference": {"attention": next(iter(attention)), "d_model": 32, "n_layers": 2, "n_heads": 2, "ffn_ratio": 2},
-        "model": {"d_model": [16, 32], "n_layers": [1, 2], "n_heads": [2, 4], "ffn_ratio": [1, 2]},
+        "model": {"d_model": [16, 32], "n_layers": [1, 2], "n_heads": [2, 4], "ffn_ratio": [1, 2], **(model or {})},
         "attention": attention,
     }
     path = tmp_path / f"{name}.yaml"
@@ -117,6 +117,17 @@ def test_mixed_per_layer_subnets_extract_with_parity(tmp_path, width_scaling):
         "layers.1.linformer.E",
         "layers.1.linformer.F",
     ]
+
+
+def test_nested_sinusoidal_subnets_of_every_width_share_one_position_signal(tmp_path):
+    space = load_space(space_file(tmp_path, {"full": {}}, model={"pos_encoding": ["nested_sinusoidal"]}),
+                       max_len=MAX_LEN)  # fmt: skip
+    sn = build_supernet(space, FIELDS)
+    cfgs = draws(space, FIELDS, 8)
+    assert {c.pos_encoding for c in cfgs} == {"nested_sinusoidal"} and {c.d_model for c in cfgs} == {16, 32}
+    assert_extraction_parity(sn, cfgs, FIELDS)
+    tables = {c.d_model: extract_subnet(sn, c).pos_table for c in cfgs}
+    torch.testing.assert_close(tables[32][:, :16], tables[16], atol=0, rtol=0)
 
 
 def test_extracted_subnet_trains_saves_and_exports(tmp_path):

@@ -11,7 +11,7 @@ from xsearch.settings import option
 
 HEADS = ("classify", "lm")
 WEIGHT_SHARING = ("none", "all", "attention", "ffn")
-POS_ENCODINGS = ("sinusoidal", "learned")
+POS_ENCODINGS = ("sinusoidal", "nested_sinusoidal", "learned")
 POOLINGS = ("mean", "first")
 #: What one entry of ``ModelConfig.layers`` may set; a key it leaves out takes the config's own value.
 LAYER_KEYS = ("attention", "attention_params", "n_heads", "head_dim", "d_ff")
@@ -47,7 +47,9 @@ class ModelConfig:
         n_classes: classes of the ``classify`` head.
         weight_sharing: ``"none"``, ``"all"`` (one block reused, ALBERT), ``"attention"`` or ``"ffn"``.
         dropout: dropout rate.
-        pos_encoding: ``"sinusoidal"`` or ``"learned"``.
+        pos_encoding: ``"sinusoidal"``, ``"nested_sinusoidal"`` (the same frequencies in an order in which a
+            narrower width's table is the leading columns of a wider one's: ``sinusoidal_positions``) or
+            ``"learned"``.
         pooling: how the ``classify`` head reads the sequence: ``"mean"`` over the real tokens, or
             ``"first"``: the first token's final state (Long Range Arena's CLS pooling; ListOps'
             answer is decided by its outermost operator, which is always the first token).

@@ -63,15 +63,33 @@ class Block(nn.Module):
         return x_t + self.ffn(self.ln2(x_t)), state
 
 
-def sinusoidal_positions(n: int, d: int) -> torch.Tensor:
-    """``(n, d)`` sinusoidal position table of Vaswani et al."""
+def sinusoidal_positions(n: int, d: int, *, nested: bool = False) -> torch.Tensor:
+    """``(n, d)`` sinusoidal position table of Vaswani et al.: column pair ``k`` is the sine and cosine of
+    ``position / 10000**e(k)``, with ``e(k) = 2k / d``.
+
+    ``nested``: ``e(k)`` is ``k``'s binary digits mirrored about the binary point (the van der Corput sequence:
+    0, 1/2, 1/4, 3/4, 1/8, ...). Where ``d / 2`` is a power of two these are the same exponents in another order,
+    and for every width the table is the leading columns of any wider one's, so the subnets of a supernet with
+    elastic width (which share the leading slice of its weights) all see one position signal; with the plain
+    order each width's columns hold other frequencies.
+    """
     pos = torch.arange(n, dtype=torch.float32)[:, None]
-    i = torch.arange(0, d, 2, dtype=torch.float32)
-    angle = pos / torch.pow(10000.0, i / d)
+    pairs = (d + 1) // 2
+    e = torch.tensor([van_der_corput(k) for k in range(pairs)]) if nested else torch.arange(pairs) * 2.0 / d
+    angle = pos / torch.pow(10000.0, e.to(torch.float32))
     table = torch.zeros(n, d)
     table[:, 0::2] = torch.sin(angle)
     table[:, 1::2] = torch.cos(angle[:, : d // 2])
     return table
+
+
+def van_der_corput(k: int) -> float:
+    """``k``'s binary digits mirrored about the binary point: 0, 1/2, 1/4, 3/4, 1/8, 5/8, ..."""
+    out, weight = 0.0, 0.5
+    while k:
+        out += weight * (k & 1)
+        k, weight = k >> 1, weight / 2
+    return out
 
 
 class XSearchModel(nn.Module):
@@ -89,7 +107,8 @@ class XSearchModel(nn.Module):
         if c.pos_encoding == "learned":
             self.pos = nn.Embedding(c.max_len, c.d_model)
         else:
-            self.register_buffer("pos_table", sinusoidal_positions(c.max_len, c.d_model), persistent=False)
+            table = sinusoidal_positions(c.max_len, c.d_model, nested=c.pos_encoding == "nested_sinusoidal")
+            self.register_buffer("pos_table", table, persistent=False)
         self.drop = nn.Dropout(c.dropout)
         self.blocks = nn.ModuleList(self._build_blocks(c))
         self.ln_f = nn.LayerNorm(c.d_model)
