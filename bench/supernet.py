@@ -91,7 +91,11 @@ shapes, initialization, slicing and training loop given one subnet (``--one-subn
 alone as give the same validation loss. ``--one-subnet-within attention,model`` adds a supernet of
 ``--supernet-steps`` uniform passes over each half of the space: every attention variant at the subnet's sizes,
 and every size, depth and sharing at the subnet's attention; the half that keeps the subnet on the plateau is
-the sharing that holds the whole supernet back.
+the sharing that holds the whole supernet back. A part may also name model dimensions of the space, joined by
+'+' (``--one-subnet-within d_model,n_layers+weight_sharing,n_heads,ffn_ratio``): each row's supernet draws
+those alone, every other value kept at the subnet's own, which splits the sizes' half into its dimensions.
+``--pos-encoding nested_sinusoidal`` builds every model of the ranking and of this table with position tables
+that nest across widths (``xsearch.model.sinusoidal_positions``).
 
     python bench/supernet.py --tables one-subnet --one-subnet 2 --max-len 512 --n-train 32000 --n-eval 2000 \
         --spaces default --ledger bench/results/supernet-ranking-listops512.jsonl \
@@ -123,11 +127,11 @@ import numpy as np
 import torch
 from lra_listops import cpu_seconds  # (bench/, beside this script)
 
-from xsearch.config import describe_config
+from xsearch.config import POS_ENCODINGS, describe_config
 from xsearch.errors import XSearchError
 from xsearch.latency.predictor.holdout import kendall_tau
 from xsearch.model import count_parameters
-from xsearch.search_spaces import RandomDraw, load_space_for_task
+from xsearch.search_spaces import RandomDraw, load_space
 from xsearch.supernet import build_supernet, extract_subnet
 from xsearch.supernet.settings import WIDTH_SCALING, SupernetTrainSettings
 from xsearch.supernet.train import train_supernet
@@ -207,6 +211,21 @@ def append_line(path: Path, doc: dict) -> None:
         os.fsync(f.fileno())
 
 
+#: What the ledger's and the scores' lines from before a budget key was kept were measured with (``train_seed``:
+#: the line's ``seed``).
+OLD_BUDGET = {"pos_encoding": "sinusoidal"}
+
+
+def load_bench_space(name: str, task, args):
+    """The space ``name`` fitted to the task, its models built with ``--pos-encoding`` (a space that sets another
+    exits naming it)."""
+    defaults = {**task.model_defaults(), "pos_encoding": args.pos_encoding}
+    space = load_space(name, causal=task.kind == "lm", max_len=task.max_len, defaults=defaults)
+    if (own := space.model["pos_encoding"].values()) != [args.pos_encoding]:
+        raise SystemExit(f"--pos-encoding {args.pos_encoding}: the space {name!r} sets pos_encoding {own}")
+    return space
+
+
 class Ledger:
     """The proxy and standalone figures of each subnet, one JSON line each, appended as each is measured.
 
@@ -215,7 +234,8 @@ class Ledger:
     measured. Lines of other budgets are kept and ignored.
     """
 
-    BUDGET = ("max_len", "n_train", "n_eval", "seed", "lr", "proxy_steps", "standalone_steps", "train_seed")
+    BUDGET = ("max_len", "n_train", "n_eval", "seed", "lr", "proxy_steps", "standalone_steps", "train_seed",
+              "pos_encoding")  # fmt: skip
 
     def __init__(self, path: str, args) -> None:
         self.path, self.budget = Path(path), {k: getattr(args, k) for k in self.BUDGET}
@@ -223,7 +243,7 @@ class Ledger:
         self.repeats: dict[tuple[str, str], dict[int, float]] = {}  # standalone test by training seed, any seed
         same = {k: v for k, v in self.budget.items() if k != "train_seed"}
         for doc in read_lines(self.path):
-            budget = {"train_seed": doc["budget"]["seed"], **doc["budget"]}  # (lines before --train-seed)
+            budget = {**OLD_BUDGET, "train_seed": doc["budget"]["seed"], **doc["budget"]}  # (see OLD_BUDGET)
             key = doc["space"], doc["row"]["config"]
             if budget == self.budget:
                 self.rows[key] = {**doc["row"], "machine": doc.get("machine")}
@@ -297,7 +317,7 @@ class Scores:
     kept and ignored.
     """
 
-    BUDGET = ("max_len", "n_train", "n_eval", "seed", "lr", "supernet_steps", "sandwich_random")
+    BUDGET = ("max_len", "n_train", "n_eval", "seed", "lr", "supernet_steps", "sandwich_random", "pos_encoding")
 
     def __init__(self, path: str, args) -> None:
         self.path, self.budget = Path(path), {k: getattr(args, k) for k in self.BUDGET}
@@ -305,7 +325,7 @@ class Scores:
         self.supernet_seed, self.width_scaling = args.supernet_seed, args.width_scaling
         self.runs: dict[tuple[str, str, int, float | None, int], dict] = {}
         for doc in read_lines(self.path):
-            if doc["budget"] == self.budget:
+            if {**OLD_BUDGET, **doc["budget"]} == self.budget:
                 self.runs[self.key(doc)] = doc
 
     @staticmethod
@@ -507,7 +527,7 @@ def averaged(row: dict, by_seed: dict[int, float], seeds: list[int]) -> dict | N
 def run_space(name: str, task, args, ledger: Ledger | None, scores: Scores | None) -> tuple[list, list[dict]]:
     """The space's drawn subnets and, unless ``--truth-only``, one ranking per sampling rule (a supernet trained
     now, or its scores taken from ``--scores``), over the subnets whose standalone figures are measured."""
-    space = load_space_for_task(name, task)
+    space = load_bench_space(name, task, args)
     subnets = draw_subnets(space, task, args)
     truth_rows = measure_truth(name, subnets, task, args, ledger)
     if len(args.truth_seeds) > 1 and not args.truth_only:
@@ -559,7 +579,7 @@ def equal_cost(task, task_options: dict, args) -> dict:
         raise SystemExit(f"--work {work} holds an earlier equal-cost run: choose another folder")
     work.mkdir(parents=True, exist_ok=True)
     fields = task.model_fields()
-    space = load_space_for_task(args.equal_cost_space, task)
+    space = load_bench_space(args.equal_cost_space, task, args)
     common = dict(task="listops", task_options=task_options, space=args.equal_cost_space, target="torch-cpu",
                   storage=f"sqlite:///{work / 'studies.db'}", latency_repeats=5, seed=args.seed, batch_size=32,
                   lr=args.lr)  # fmt: skip
@@ -613,9 +633,47 @@ def equal_cost(task, task_options: dict, args) -> dict:
             "finetune_steps": args.finetune_steps}  # fmt: skip
 
 
-# --one-subnet-within: the part of the space each row's supernet draws (the rest kept at the subnet's own)
+# --one-subnet-within: the part of the space each row's supernet draws (the rest kept at the subnet's own):
+# one of these halves, or model dimensions of the space joined by '+' (d_model, n_layers+weight_sharing, ...)
 WITHIN = {"attention": "every attention variant, the subnet's sizes kept",
           "model": "every size, depth and sharing, the subnet's attention kept"}  # fmt: skip
+
+
+def within_dims(part: str, space) -> tuple[str, ...]:
+    """The dimensions of ``space`` a ``--one-subnet-within`` part draws (``attention`` for the variant and its
+    parameters); an unknown one exits naming it."""
+    if part in WITHIN:
+        return ("attention",) if part == "attention" else tuple(space.model)
+    dims = tuple(part.split("+"))
+    if unknown := [d for d in dims if d not in space.model]:
+        raise SystemExit(f"--one-subnet-within: unknown part {part!r} ({', '.join(unknown)}: not a model "
+                         f"dimension of the space {space.name!r}; valid: {', '.join([*WITHIN, *space.model])}, "
+                         "or dimensions joined by '+')")  # fmt: skip
+    return dims
+
+
+def model_dims(cfg) -> dict:
+    """A config's values of the space's model dimensions (one attention for the whole model)."""
+    return {"d_model": cfg.d_model, "n_layers": cfg.n_layers, "n_heads": cfg.n_heads,
+            "ffn_ratio": cfg.d_ff / cfg.d_model, "weight_sharing": cfg.weight_sharing, "pooling": cfg.pooling,
+            "pos_encoding": cfg.pos_encoding, "dropout": cfg.dropout}  # fmt: skip
+
+
+def mixed(cfg, drawn, dims: tuple[str, ...]):
+    """``cfg`` with ``drawn``'s values of ``dims``: its FFN and head widths follow the width, FFN ratio and heads
+    as the space builds them (``SearchSpace.suggest``)."""
+    if "attention" in dims:
+        cfg = dataclasses.replace(cfg, attention=drawn.attention, attention_params=drawn.attention_params)
+    v = model_dims(cfg) | {k: value for k, value in model_dims(drawn).items() if k in dims}
+    return dataclasses.replace(cfg, d_model=v["d_model"], n_layers=v["n_layers"], n_heads=v["n_heads"],
+                               weight_sharing=v["weight_sharing"], pooling=v["pooling"],
+                               pos_encoding=v["pos_encoding"], dropout=v["dropout"],
+                               head_dim=v["d_model"] // v["n_heads"],
+                               d_ff=max(1, int(round(v["d_model"] * v["ffn_ratio"]))))  # fmt: skip
+
+
+def within_label(part: str) -> str:
+    return WITHIN.get(part) or f"every {part.replace('+', ' and ')}, the rest of the subnet kept"
 
 
 def one_subnet(task, args) -> dict:
@@ -630,7 +688,7 @@ def one_subnet(task, args) -> dict:
     import xsearch.supernet.train as supernet_train
 
     name = args.spaces.split(",")[0]
-    space = load_space_for_task(name, task)
+    space = load_bench_space(name, task, args)
     subnets = draw_subnets(space, task, args)
     if not 1 <= args.one_subnet <= len(subnets):
         raise SystemExit(f"--one-subnet {args.one_subnet}: the space {name!r} has subnets 1 to {len(subnets)} drawn")
@@ -650,18 +708,16 @@ def one_subnet(task, args) -> dict:
         (valid, valid_loss), (test, _) = accuracy_and_loss(model, task, "valid"), accuracy_and_loss(model, task, "test")
         return {"steps": steps, "valid": valid, "valid_loss": valid_loss, "test": test}
 
-    rows = [trained(int(steps), lambda *_, **__: [cfg]) for steps in filter(None, args.one_subnet_steps.split(","))]
     if args.one_subnet_within and space.per_layer:
         raise SystemExit(f"--one-subnet-within: the space {name!r} draws each layer's attention; give a space "
                          "that draws one for the whole model")  # fmt: skip
+    parts = {part: within_dims(part, space) for part in args.one_subnet_within}
+    rows = [trained(int(steps), lambda *_, **__: [cfg]) for steps in filter(None, args.one_subnet_steps.split(","))]
     within = []
-    for part in args.one_subnet_within:
+    for part, dims in parts.items():
 
-        def draw(*a, _part=part, **kw):  # the space's uniform draw, the subnet's other half kept
-            drawn = uniform(*a, **kw)[0]
-            sizes, attention = (cfg, drawn) if _part == "attention" else (drawn, cfg)
-            return [dataclasses.replace(sizes, attention=attention.attention,
-                                        attention_params=attention.attention_params)]  # fmt: skip
+        def draw(*a, _dims=dims, **kw):  # the space's uniform draw of the part, the rest of the subnet kept
+            return [mixed(cfg, uniform(*a, **kw)[0], _dims)]
 
         within.append({"within": part, **trained(args.supernet_steps, draw)})
     run = Scores(args.scores, args).get(name, "uniform", subnets) if args.scores else None
@@ -677,7 +733,7 @@ def one_subnet(task, args) -> dict:
         print(f"| alone, in the supernet | {r['steps']} | {r['valid']:.4f} | {r['valid_loss']:.4f} | {r['test']:.4f} | "
               f"{task.chance('test'):.4f} |")  # fmt: skip
     for r in within:
-        print(f"| shared: the uniform supernet over {WITHIN[r['within']]} | {r['steps']} passes | "
+        print(f"| shared: the uniform supernet over {within_label(r['within'])} | {r['steps']} passes | "
               f"{r['valid']:.4f} | {r['valid_loss']:.4f} | {r['test']:.4f} | {task.chance('test'):.4f} |")  # fmt: skip
     if shared and "inherited_loss" in shared:
         print(
@@ -733,6 +789,10 @@ def main() -> int:
     p.add_argument("--width-scaling", default="none", choices=WIDTH_SCALING, help="the ranking's and the "
                    "one-subnet table's supernets' slicing (SupernetTrainSettings.width_scaling): none, or fan_in "
                    "(a narrower Linear slice times sqrt(the supernet's inputs / the subnet's))")  # fmt: skip
+    p.add_argument("--pos-encoding", default="sinusoidal", choices=POS_ENCODINGS, help="the position encoding of "
+                   "every model the ranking and the one-subnet table build (the spaces' models: ground truth, "
+                   "proxies, supernets); kept in the ledger's and the scores' budgets (lines from before it read as "
+                   "sinusoidal). nested_sinusoidal gives every width the leading columns of one table")  # fmt: skip
     p.add_argument("--warm-start", type=int, default=0, metavar="STEPS", help="warm-start each supernet from the "
                    "space's reference trained alone this many steps (0: from new weights)")  # fmt: skip
     p.add_argument("--supernet-work", metavar="DIR", help="keep each supernet's checkpoints (and the warm start's "
@@ -758,8 +818,10 @@ def main() -> int:
     p.add_argument("--one-subnet-steps", default="200,400,1000", help="the one-subnet table's budgets ('': none)")
     p.add_argument("--one-subnet-within", default="", metavar="PARTS", help="the one-subnet table's rows of a "
                    "supernet trained --supernet-steps uniform passes over part of the space: 'attention' (every "
-                   "variant drawn, the subnet's sizes kept) and/or 'model' (every size drawn, the subnet's "
-                   "attention kept): which of the two shared halves keeps the subnet on the plateau")  # fmt: skip
+                   "variant drawn, the subnet's sizes kept), 'model' (every size drawn, the subnet's attention "
+                   "kept) and/or model dimensions of the space joined by '+' (e.g. d_model, "
+                   "n_layers+weight_sharing; the rest kept): which shared part keeps the subnet on the "
+                   "plateau")  # fmt: skip
     p.add_argument("--equal-cost-space", default="default")
     p.add_argument("--ec-supernet-steps", type=int, default=1200, help="the one-shot arm's supernet training")
     p.add_argument("--ec-trials", type=int, default=50, help="candidates the one-shot arm scores (with measured "
@@ -793,8 +855,6 @@ def main() -> int:
             raise SystemExit("--rank-only ranks kept figures: give --ledger and --scores")
         args.max_new = 0
     args.one_subnet_within = [v for v in args.one_subnet_within.split(",") if v]
-    if unknown := set(args.one_subnet_within) - set(WITHIN):
-        raise SystemExit(f"--one-subnet-within: unknown {', '.join(sorted(unknown))} (valid: {', '.join(WITHIN)})")
     if len(args.truth_seeds) > 1 and not args.ledger:
         raise SystemExit("--truth-seeds: the other seeds' figures come from --ledger")
     logging.basicConfig(level=logging.WARNING)
@@ -808,11 +868,15 @@ def main() -> int:
     tables = set(args.tables.split(","))
     if unknown := tables - {"ranking", "equal-cost", "one-subnet"}:
         raise SystemExit(f"--tables: unknown {', '.join(sorted(unknown))} (valid: ranking, equal-cost, one-subnet)")
+    if "equal-cost" in tables and args.pos_encoding != "sinusoidal":
+        raise SystemExit(f"--pos-encoding {args.pos_encoding}: the equal-cost table's searches build the space's "
+                         "own models (sinusoidal); give it without --pos-encoding")  # fmt: skip
     task_options = {"n_train": args.n_train, "n_valid": args.n_eval, "n_test": args.n_eval, "max_len": args.max_len,
                     "seed": args.seed}  # fmt: skip
     task = get_task("listops", **task_options)
     print(f"ListOps at {args.max_len} tokens (train {args.n_train}, valid/test {args.n_eval}); chance (majority "
-          f"class): valid {task.chance('valid'):.4f}, test {task.chance('test'):.4f}; lr {args.lr}")  # fmt: skip
+          f"class): valid {task.chance('valid'):.4f}, test {task.chance('test'):.4f}; lr {args.lr}; "
+          f"{args.pos_encoding} positions")  # fmt: skip
     doc = {"args": vars(args), "chance_test": task.chance("test")}
     if "equal-cost" in tables:
         doc["equal_cost"] = equal_cost(task, task_options, args)
