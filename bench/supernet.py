@@ -131,7 +131,7 @@ from xsearch.config import POS_ENCODINGS, describe_config
 from xsearch.errors import XSearchError
 from xsearch.latency.predictor.holdout import kendall_tau
 from xsearch.model import count_parameters
-from xsearch.search_spaces import RandomDraw, load_space
+from xsearch.search_spaces import RandomDraw, load_space_for_task
 from xsearch.supernet import build_supernet, extract_subnet
 from xsearch.supernet.settings import WIDTH_SCALING, SupernetTrainSettings
 from xsearch.supernet.train import train_supernet
@@ -219,8 +219,7 @@ OLD_BUDGET = {"pos_encoding": "sinusoidal"}
 def load_bench_space(name: str, task, args):
     """The space ``name`` fitted to the task, its models built with ``--pos-encoding`` (a space that sets another
     exits naming it)."""
-    defaults = {**task.model_defaults(), "pos_encoding": args.pos_encoding}
-    space = load_space(name, causal=task.kind == "lm", max_len=task.max_len, defaults=defaults)
+    space = load_space_for_task(name, task, defaults={"pos_encoding": args.pos_encoding})
     if (own := space.model["pos_encoding"].values()) != [args.pos_encoding]:
         raise SystemExit(f"--pos-encoding {args.pos_encoding}: the space {name!r} sets pos_encoding {own}")
     return space

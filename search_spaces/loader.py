@@ -82,9 +82,11 @@ def load_space(
     return space_from_yaml(text, source=source, causal=causal, max_len=max_len, defaults=defaults)
 
 
-def load_space_for_task(name_or_path: str | Path, task) -> SearchSpace:
-    """``load_space`` fitted to ``task`` (a ``Task``): its kind, length and model defaults."""
-    return load_space(name_or_path, causal=task.kind == "lm", max_len=task.max_len, defaults=task.model_defaults())
+def load_space_for_task(name_or_path: str | Path, task, *, defaults: dict[str, Any] | None = None) -> SearchSpace:
+    """``load_space`` fitted to ``task`` (a ``Task``): its kind, length and model defaults (``defaults`` over
+    them: model values the space takes where it does not set its own)."""
+    defaults = {**task.model_defaults(), **(defaults or {})}
+    return load_space(name_or_path, causal=task.kind == "lm", max_len=task.max_len, defaults=defaults)
 
 
 def space_from_yaml(
