@@ -133,7 +133,7 @@ from xsearch.latency.predictor.holdout import kendall_tau
 from xsearch.model import count_parameters
 from xsearch.search_spaces import RandomDraw, load_space_for_task
 from xsearch.supernet import build_supernet, extract_subnet
-from xsearch.supernet.settings import WIDTH_SCALING, SupernetTrainSettings
+from xsearch.supernet.settings import HEAD_LAYOUTS, LAYOUT_DEFAULTS, WIDTH_SCALING, SupernetTrainSettings
 from xsearch.supernet.train import train_supernet
 from xsearch.tasks import get_task
 from xsearch.training import evaluate
@@ -321,7 +321,7 @@ class Scores:
     def __init__(self, path: str, args) -> None:
         self.path, self.budget = Path(path), {k: getattr(args, k) for k in self.BUDGET}
         self.warm_start, self.shrink_fraction = args.warm_start, args.shrink_fraction
-        self.supernet_seed, self.width_scaling = args.supernet_seed, args.width_scaling
+        self.supernet_seed, self.layout = args.supernet_seed, layout(args)
         self.runs: dict[tuple[str, str, int, float | None, int], dict] = {}
         for doc in read_lines(self.path):
             if {**OLD_BUDGET, **doc["budget"]} == self.budget:
@@ -331,18 +331,18 @@ class Scores:
     def key(run: dict) -> tuple:
         """A supernet's settings beyond the budget (the shrink fraction only where the rule shrinks; lines from
         before ``--supernet-seed`` were seeded with the budget's ``seed``, those from before
-        ``--width-scaling`` sliced plainly)."""
+        ``--width-scaling`` and ``--head-layout`` sliced plainly)."""
         shrink = run.get("shrink_fraction") if run["sampling"] == "progressive" else None
         return (run["space"], run["sampling"], run.get("warm_start", 0), shrink,
                 run.get("supernet_seed", run.get("budget", {}).get("seed")),
-                run.get("width_scaling", "none"))  # fmt: skip
+                *(run.get(key, default) for key, default in LAYOUT_DEFAULTS.items()))  # fmt: skip
 
     def get(self, space: str, rule: str, subnets: list) -> dict | None:
         """The run of ``space``, ``rule``, ``--warm-start`` (and ``--shrink-fraction``) at this budget, if it scored
         exactly these subnets and kept their losses (a run from before the losses were kept is trained again)."""
         wanted = {"space": space, "sampling": rule, "warm_start": self.warm_start,
                   "shrink_fraction": self.shrink_fraction, "supernet_seed": self.supernet_seed,
-                  "width_scaling": self.width_scaling}  # fmt: skip
+                  **self.layout}  # fmt: skip
         run = self.runs.get(self.key(wanted))
         if not run or [s["config"] for s in run["scores"]] != [describe_config(cfg) for cfg in subnets]:
             return None
@@ -398,10 +398,9 @@ def score_with_supernet(space, subnets: list, task, rule: str, args) -> dict:
     The sandwich rule trains 2 + ``--sandwich-random`` subnets a step: it gets ``--supernet-steps`` divided by
     that many steps, the same number of subnet passes as uniform sampling (its seconds are printed beside).
     """
-    sn = build_supernet(space, task.model_fields(), seed=args.supernet_seed, width_scaling=args.width_scaling)
+    sn = build_supernet(space, task.model_fields(), seed=args.supernet_seed, **layout(args))
     warm = warm_start_model(space, task, args) if args.warm_start else None
-    settings = SupernetTrainSettings(steps=1, lr=args.lr, seed=args.supernet_seed, sampling=rule,
-                                     width_scaling=args.width_scaling,
+    settings = SupernetTrainSettings(steps=1, lr=args.lr, seed=args.supernet_seed, sampling=rule, **layout(args),
                                      sandwich_random=args.sandwich_random, shrink_fraction=args.shrink_fraction,
                                      device=args.device,
                                      checkpoint_every=args.checkpoint_every)  # fmt: skip
@@ -410,7 +409,7 @@ def score_with_supernet(space, subnets: list, task, rule: str, args) -> dict:
     if args.supernet_work:
         shrink = f"-shrink{args.shrink_fraction:g}" if rule == "progressive" and args.shrink_fraction != 0.5 else ""
         seed = f"-seed{args.supernet_seed}" if args.supernet_seed != args.seed else ""
-        scaled = f"-{args.width_scaling}" if args.width_scaling != "none" else ""
+        scaled = "".join(f"-{v}" for k, v in layout(args).items() if v != LAYOUT_DEFAULTS[k])
         out = (Path(args.supernet_work)
                / f"{space.name}-{rule}-{args.supernet_steps}-warm{args.warm_start}{shrink}{seed}{scaled}")  # fmt: skip
     record = train_supernet(sn, task, settings, out=out, progress=out is not None, init=warm and warm["model"])
@@ -425,7 +424,7 @@ def score_with_supernet(space, subnets: list, task, rule: str, args) -> dict:
           f"loss {record['final_loss']:.3f}, reference subnet {record['reference_valid']:.4f} validation); "
           f"{len(scores)} subnets scored", file=sys.stderr, flush=True)  # fmt: skip
     return {"space": space.name, "sampling": rule, "warm_start": args.warm_start, "supernet_seed": args.supernet_seed,
-            "width_scaling": args.width_scaling,
+            **layout(args),
             **({"shrink_fraction": settings.shrink_fraction} if rule == "progressive" else {}),
             **({k: v for k, v in warm.items() if k != "model"} if warm else {}), "supernet_steps": record["steps"],
             "subnet_passes": record["subnet_passes"], "supernet_seconds": supernet_s,
@@ -638,6 +637,11 @@ WITHIN = {"attention": "every attention variant, the subnet's sizes kept",
           "model": "every size, depth and sharing, the subnet's attention kept"}  # fmt: skip
 
 
+def layout(args) -> dict[str, str]:
+    """The supernets' layout options (``build_supernet``'s and ``SupernetTrainSettings``' keywords)."""
+    return {key: getattr(args, key) for key in LAYOUT_DEFAULTS}
+
+
 def within_dims(part: str, space) -> tuple[str, ...]:
     """The dimensions of ``space`` a ``--one-subnet-within`` part draws (``attention`` for the variant and its
     parameters); an unknown one exits naming it."""
@@ -695,13 +699,10 @@ def one_subnet(task, args) -> dict:
     uniform = supernet_train.draw_subnets
 
     def trained(steps: int, draw) -> dict:
-        sn = build_supernet(space, task.model_fields(), seed=args.seed, width_scaling=args.width_scaling)
+        sn = build_supernet(space, task.model_fields(), seed=args.seed, **layout(args))
         with mock.patch.object(supernet_train, "draw_subnets", draw):
             train_supernet(
-                sn,
-                task,
-                SupernetTrainSettings(steps=steps, lr=args.lr, seed=args.seed, width_scaling=args.width_scaling),
-                progress=False,
+                sn, task, SupernetTrainSettings(steps=steps, lr=args.lr, seed=args.seed, **layout(args)), progress=False
             )
         model = extract_subnet(sn, cfg)
         (valid, valid_loss), (test, _) = accuracy_and_loss(model, task, "valid"), accuracy_and_loss(model, task, "test")
@@ -723,7 +724,7 @@ def one_subnet(task, args) -> dict:
     shared = next((s for s in run["scores"] if s["config"] == describe_config(cfg)), None) if run else None
     alone = Ledger(args.ledger, args).repeats.get((name, describe_config(cfg)), {}) if args.ledger else {}
     print()
-    scaled = f" (width scaling {args.width_scaling})" if args.width_scaling != "none" else ""
+    scaled = "".join(f" ({k.replace('_', ' ')} {v})" for k, v in layout(args).items() if v != LAYOUT_DEFAULTS[k])
     print(f"One subnet ({name} {args.one_subnet}: {describe_config(cfg)}) trained alone by the supernet's "
           f"machinery{scaled}")  # fmt: skip
     print("| trained | steps | valid accuracy | valid loss | test accuracy | chance (test) |")
@@ -788,6 +789,9 @@ def main() -> int:
     p.add_argument("--width-scaling", default="none", choices=WIDTH_SCALING, help="the ranking's and the "
                    "one-subnet table's supernets' slicing (SupernetTrainSettings.width_scaling): none, or fan_in "
                    "(a narrower Linear slice times sqrt(the supernet's inputs / the subnet's))")  # fmt: skip
+    p.add_argument("--head-layout", default="leading", choices=HEAD_LAYOUTS, help="the ranking's and the "
+                   "one-subnet table's supernets' projections (SupernetTrainSettings.head_layout): leading, or "
+                   "per_head (head h of every width the leading part of one block of rows)")  # fmt: skip
     p.add_argument("--pos-encoding", default="sinusoidal", choices=POS_ENCODINGS, help="the position encoding of "
                    "every model the ranking and the one-subnet table build (the spaces' models: ground truth, "
                    "proxies, supernets); kept in the ledger's and the scores' budgets (lines from before it read as "
@@ -959,8 +963,9 @@ def sampling(r: dict, seed: int) -> str:
     rule = r["sampling"] + (f" (shrink fraction {r['shrink_fraction']:g})" if "shrink_fraction" in r else "")
     if r.get("supernet_seed", seed) != seed:
         rule += f", supernet seed {r['supernet_seed']}"
-    if r.get("width_scaling", "none") != "none":
-        rule += f", width scaling {r['width_scaling']}"
+    for key, default in LAYOUT_DEFAULTS.items():
+        if r.get(key, default) != default:
+            rule += f", {key.replace('_', ' ')} {r[key]}"
     if not r.get("warm_start"):
         return rule
     return f"{rule}, warm start (reference {r['warm_start']} steps: test {r['warm_start_test']:.4f})"

@@ -83,29 +83,43 @@ def assert_extraction_parity(sn, cfgs, fields):
                 assert torch.equal(t, tensors[name]), name
 
 
+def assert_warm_start_round_trip(sn, cfg):
+    """Warm-start ``sn`` from a new model of ``cfg``: the supernet then runs it as the model does, and extracts it."""
+    torch.manual_seed(7)  # weights the supernet does not hold anywhere
+    model = xsearch.build_model(cfg).eval()
+    warm_start(sn, model)
+    ids, mask = batch()
+    with torch.no_grad():
+        torch.testing.assert_close(sn.eval()(ids, mask, subnet=cfg), model(ids, mask), atol=1e-5, rtol=0)
+    for name, t in extract_subnet(sn, cfg).state_dict().items():
+        torch.testing.assert_close(t, model.state_dict()[name], atol=1e-6, rtol=0)
+
+
 def modes():
     out = [pytest.param(n, False, id=n) for n in xsearch.list_attentions()]
     return out + [pytest.param(n, True, id=f"{n}-causal") for n in ("local", "linear", "performer", "xl", "routing")]
 
 
+@pytest.mark.parametrize("head_layout", ["leading", "per_head"])
 @pytest.mark.parametrize("name,causal", modes())
-def test_every_variant_extracts_with_parity(name, causal, tmp_path):
+def test_every_variant_extracts_with_parity(name, causal, head_layout, tmp_path):
     fields = dict(FIELDS)
     if causal:
         fields = {"vocab_size": 20, "max_len": MAX_LEN, "head": "lm", "causal": True}
     space = load_space(space_file(tmp_path, {name: variant_choices(name, causal)}), causal=causal, max_len=MAX_LEN)
-    sn = build_supernet(space, fields)
+    sn = build_supernet(space, fields, head_layout=head_layout)
     cfgs = draws(space, fields, 4)
     assert {c.d_model for c in cfgs} | {c.n_heads for c in cfgs} > {32}  # smaller widths or heads are drawn
     assert_extraction_parity(sn, cfgs, fields)
 
 
-@pytest.mark.parametrize("width_scaling", ["none", "fan_in"])
-def test_mixed_per_layer_subnets_extract_with_parity(tmp_path, width_scaling):
+@pytest.mark.parametrize("width_scaling,head_layout", [("none", "leading"), ("fan_in", "leading"),
+                                                       ("fan_in", "per_head")])  # fmt: skip
+def test_mixed_per_layer_subnets_extract_with_parity(tmp_path, width_scaling, head_layout):
     variants = ["full", "local", "linformer", "performer", "set", "synthesizer", "xl", "bigbird", "sinkhorn"]
     space = load_space(space_file(tmp_path, {n: variant_choices(n) for n in variants}, per_layer=True),
                        max_len=MAX_LEN)  # fmt: skip
-    sn = build_supernet(space, FIELDS, width_scaling=width_scaling)
+    sn = build_supernet(space, FIELDS, width_scaling=width_scaling, head_layout=head_layout)
     cfgs = [c for c in draws(space, FIELDS, 30) if c.per_layer][:6]
     assert len(cfgs) == 6 and len({e["attention"] for c in cfgs for e in c.layers}) >= 5
     assert_extraction_parity(sn, cfgs, FIELDS)
@@ -299,14 +313,7 @@ def test_fan_in_scaling_survives_save_load_warm_start_and_training(tmp_path):
         build_supernet(space, FIELDS, width_scaling="sqrt")
 
     # warm start divides by the factor: the supernet then runs the model as the model does
-    narrow = next(c for c in draws(space, FIELDS, 40, seed=1) if c.d_model == 16)
-    torch.manual_seed(7)
-    model = xsearch.build_model(narrow).eval()
-    warm_start(sn, model)
-    with torch.no_grad():
-        torch.testing.assert_close(sn.eval()(ids, mask, subnet=narrow), model(ids, mask), atol=1e-5, rtol=0)
-    for name, t in extract_subnet(sn, narrow).state_dict().items():
-        torch.testing.assert_close(t, model.state_dict()[name], atol=1e-6, rtol=0)
+    assert_warm_start_round_trip(sn, next(c for c in draws(space, FIELDS, 40, seed=1) if c.d_model == 16))
 
     # training takes the width scaling from its settings, and refuses a supernet built otherwise
     task = get_task("listops", n_train=32, n_valid=8, n_test=8, min_len=8, max_len=MAX_LEN)
@@ -319,3 +326,89 @@ def test_fan_in_scaling_survives_save_load_warm_start_and_training(tmp_path):
                             SupernetTrainSettings(steps=2, batch_size=4, width_scaling="fan_in"),
                             out=tmp_path / "trained", progress=False)  # fmt: skip
     assert record["steps"] == 2 and load_supernet(tmp_path / "trained").width_scaling == "fan_in"
+
+
+def test_per_head_layout_holds_head_h_of_every_width_in_block_h(tmp_path):
+    """Laid out per head, head h of a narrower subnet is the leading part of head h of a wider one (a leading
+    slice puts a d16 subnet's head 1 inside the d32 subnet's head 0), and a subnet trains only its heads' rows."""
+    space = load_space(space_file(tmp_path, {"full": {}}), max_len=MAX_LEN)
+    sn = build_supernet(space, FIELDS, head_layout="per_head")
+    # blocks: heads 0-1 as wide as the widest such head (d32 / 2 = 16), heads 2-3 as d32 / 4 = 8
+    assert sn.shapes["layers.0.attn.q_proj.weight"] == (48, 32)
+    assert sn.shapes["layers.0.attn.q_proj.bias"] == (48,) and sn.shapes["layers.0.attn.out_proj.weight"] == (32, 48)
+    assert sn.shapes["layers.0.attn.out_proj.bias"] == (32,) and sn.shapes["layers.0.ffn.fc1.weight"] == (64, 32)
+    ref = space.reference_config(FIELDS).to_dict()
+
+    def cfg(d, h):
+        return xsearch.ModelConfig.from_dict({**ref, "d_model": d, "n_heads": h, "head_dim": None, "d_ff": d})
+
+    def heads(net, c):
+        t, hd = net.subnet_tensors(c), c.d_model // c.n_heads
+        q, o = t["blocks.0.attn.q_proj.weight"], t["blocks.0.attn.out_proj.weight"]
+        return [(q[i * hd : (i + 1) * hd], o[:, i * hd : (i + 1) * hd]) for i in range(c.n_heads)]
+
+    for n_heads in (2, 4):
+        narrow, wide = heads(sn, cfg(16, n_heads)), heads(sn, cfg(32, n_heads))
+        hd = 16 // n_heads
+        for (qn, on), (qw, ow) in zip(narrow, wide, strict=True):
+            assert torch.equal(qn, qw[:hd, :16]) and torch.equal(on, ow[:16, :hd])
+    plain = build_supernet(space, FIELDS)  # (the leading layout: the narrow head 1 is part of the wide head 0)
+    narrow, wide = heads(plain, cfg(16, 2)), heads(plain, cfg(32, 2))
+    assert torch.equal(narrow[1][0], wide[0][0][8:16, :16]) and not torch.equal(narrow[1][0], wide[1][0][:8, :16])
+    assert_extraction_parity(sn, [cfg(16, 2), cfg(16, 4), cfg(32, 2), cfg(32, 4)], FIELDS)
+
+    sn.train()
+    sn(*batch(), subnet=cfg(16, 2)).logsumexp(-1).mean().backward()
+    grad = sn.tensor("layers.0.attn.q_proj.weight").grad
+    rows = torch.zeros(48, dtype=torch.bool)
+    rows[0:8] = rows[16:24] = True  # the leading 8 of blocks 0 and 1
+    assert grad[rows, :16].abs().sum() > 0 and grad[~rows].abs().sum() == 0 and grad[:, 16:].abs().sum() == 0
+    out = sn.tensor("layers.0.attn.out_proj.weight").grad
+    assert out[:16][:, rows].abs().sum() > 0 and out[:, ~rows].abs().sum() == 0
+
+
+def test_per_head_layout_survives_save_load_warm_start_and_training(tmp_path):
+    from xsearch.errors import XSearchError
+    from xsearch.supernet import SupernetTrainSettings
+    from xsearch.supernet.train import train_supernet
+    from xsearch.tasks import get_task
+
+    variants = {"full": {}, "reformer": variant_choices("reformer"), "longformer": variant_choices("longformer")}
+    space = load_space(space_file(tmp_path, variants), max_len=MAX_LEN)
+    sn = build_supernet(space, FIELDS, width_scaling="fan_in", head_layout="per_head")
+    assert "width_scaling='fan_in', head_layout='per_head'" in repr(sn)
+    assert_extraction_parity(sn, draws(space, FIELDS, 8), FIELDS)  # (reformer's q and k are one tensor)
+    save_supernet(sn, tmp_path / "sn")
+    again = load_supernet(tmp_path / "sn")
+    assert again.layout == {"width_scaling": "fan_in", "head_layout": "per_head"} and again.shapes == sn.shapes
+    ids, mask = batch()
+    for cfg in draws(space, FIELDS, 4):
+        torch.testing.assert_close(again(ids, mask, subnet=cfg), sn.eval()(ids, mask, subnet=cfg), atol=0, rtol=0)
+    doc = json.loads((tmp_path / "sn" / "config.json").read_text())
+    (tmp_path / "sn" / "config.json").write_text(json.dumps({**doc, "head_layout": "per_row"}))
+    with pytest.raises(XSearchError, match="config.json: unknown head_layout 'per_row'"):
+        load_supernet(tmp_path / "sn")
+    (tmp_path / "sn" / "config.json").write_text(json.dumps({k: v for k, v in doc.items() if k != "head_layout"}))
+    with pytest.raises(XSearchError, match="do not match its config.json"):  # (a leading layout's shapes)
+        load_supernet(tmp_path / "sn")
+
+    # warm start writes a model's heads into their rows (divided by the fan-in factor) and nothing else
+    narrow = next(c for c in draws(space, FIELDS, 40, seed=1) if c.d_model == 16 and c.n_heads == 4)
+    before = sn.tensor("layers.0.attn.q_proj.weight").detach().clone()
+    assert_warm_start_round_trip(sn, narrow)
+    rows = torch.zeros(48, dtype=torch.bool)
+    for start in (0, 16, 32, 40):  # the leading 4 of each of the four blocks
+        rows[start : start + 4] = True
+    after = sn.tensor("layers.0.attn.q_proj.weight").detach()
+    assert not torch.equal(after[rows, :16], before[rows, :16]) and torch.equal(after[~rows], before[~rows])
+    assert torch.equal(after[:, 16:], before[:, 16:])
+
+    task = get_task("listops", n_train=32, n_valid=8, n_test=8, min_len=8, max_len=MAX_LEN)
+    fields, tiny = task.model_fields(), load_space("tiny", max_len=MAX_LEN)
+    with pytest.raises(ValueError, match="built with head_layout='leading', the settings say 'per_head'"):
+        train_supernet(build_supernet(tiny, fields), task, SupernetTrainSettings(steps=1, head_layout="per_head"),
+                       progress=False)  # fmt: skip
+    settings = SupernetTrainSettings(steps=2, batch_size=4, head_layout="per_head")
+    record = train_supernet(build_supernet(tiny, fields, **settings.layout), task, settings, out=tmp_path / "trained",
+                            progress=False)  # fmt: skip
+    assert record["steps"] == 2 and load_supernet(tmp_path / "trained").head_layout == "per_head"

@@ -58,7 +58,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     task = build_task(name, options)
     fields = task.model_fields()
     space = load_space_for_task(args.space, task)
-    sn = build_supernet(space, fields, seed=settings.seed, width_scaling=settings.width_scaling)
+    sn = build_supernet(space, fields, seed=settings.seed, **settings.layout)
     log.info("supernet over %s: %s parameters", space.name, f"{sn.n_parameters():,}")
     init = None
     if args.init is not None:

@@ -99,9 +99,7 @@ def run_supernet_stage(ctx: RunContext, work: Path) -> dict[str, Any]:
     from xsearch.supernet.train import train_supernet
 
     space = load_space_for_task(ctx.cfg.search.space, ctx.task)
-    sn = build_supernet(
-        space, ctx.task.model_fields(), seed=ctx.cfg.supernet.seed, width_scaling=ctx.cfg.supernet.width_scaling
-    )
+    sn = build_supernet(space, ctx.task.model_fields(), seed=ctx.cfg.supernet.seed, **ctx.cfg.supernet.layout)
     ctx.echo(f"  supernet over {space.name}: {sn.n_parameters():,} parameters")
     record = train_supernet(sn, ctx.task, ctx.cfg.supernet, out=work / SUPERNET_DIR, progress=ctx.progress)
     chance = ctx.task.chance("valid")

@@ -13,6 +13,7 @@ import torch
 from xsearch.errors import MissingPathError, XSearchError
 from xsearch.serialization import CONFIG_FILE, atomic_write_text, read_json
 from xsearch.settings import show_differences
+from xsearch.supernet.settings import LAYOUT_DEFAULTS
 from xsearch.supernet.supertransformer import SuperTransformer
 
 FORMAT = "xsearch-supernet/1"
@@ -20,9 +21,8 @@ WEIGHTS_FILE = "supernet.safetensors"
 
 
 def save_supernet(sn: SuperTransformer, directory: str | os.PathLike, *, extra: dict[str, Any] | None = None) -> Path:
-    """Write ``sn`` to ``directory``: its tensors, then ``config.json`` (space YAML, task fields, seed, width
-    scaling, ``extra``),
-    each through a temporary name and a rename."""
+    """Write ``sn`` to ``directory``: its tensors, then ``config.json`` (space YAML, task fields, seed, layout,
+    ``extra``), each through a temporary name and a rename."""
     from xsearch import __version__
 
     if not isinstance(sn, SuperTransformer):
@@ -35,7 +35,7 @@ def save_supernet(sn: SuperTransformer, directory: str | os.PathLike, *, extra: 
     os.replace(tmp, out / WEIGHTS_FILE)
     doc = {"format": FORMAT, "xsearch_version": __version__, "space_name": sn.space.name,
            "space": sn.space.to_yaml(), "task_fields": sn.task_fields, "seed": sn.seed,
-           "width_scaling": sn.width_scaling, **(extra or {})}  # fmt: skip
+           **sn.layout, **(extra or {})}  # fmt: skip
     atomic_write_text(out / CONFIG_FILE, json.dumps(doc, indent=2, sort_keys=True))
     return out
 
@@ -63,9 +63,9 @@ def load_supernet(directory: str | os.PathLike) -> SuperTransformer:
     fields = doc["task_fields"]
     space = space_from_yaml(doc["space"], source=str(path / CONFIG_FILE), causal=bool(fields.get("causal", False)),
                             max_len=fields["max_len"])  # fmt: skip
-    scaling = doc.get("width_scaling", "none")  # (folders saved before the option hold plain slices)
+    layout = {key: doc.get(key, default) for key, default in LAYOUT_DEFAULTS.items()}  # (saved before the options)
     try:
-        sn = SuperTransformer(space, fields, init=False, seed=int(doc.get("seed", 0)), width_scaling=scaling)
+        sn = SuperTransformer(space, fields, init=False, seed=int(doc.get("seed", 0)), **layout)
     except ValueError as e:
         raise XSearchError(f"{path / CONFIG_FILE}: {e}") from None
     weights = path / WEIGHTS_FILE

@@ -1,12 +1,19 @@
 """Where each weight of a subnet lives in the supernet, and how large the supernet's tensors are.
 
 A subnet is a plain ``XSearchModel``; each of its tensors is a leading slice of one supernet
-tensor (``t[:a, :b, ...]``, as HAT slices elastic widths). The name of that supernet tensor is
+tensor (``t[:a, :b, ...]``, as HAT slices elastic widths; ``region_key``). The name of that supernet tensor is
 the subnet's name with ``blocks.<i>`` read as ``layers.<i>``, except the attention's own
 parameters (everything of ``blocks.<i>.attn`` but ``q_proj``/``k_proj``/``v_proj``/``out_proj``),
 which live once per layer per variant as ``layers.<i>.<variant>.<name>``. So the embedding,
 norms, FFNs and each layer's projections are shared by every variant, and Linformer's E/F,
 Performer's features, Set's inducing points ... are each variant's own.
+
+With ``head_layout="per_head"`` the shared projections are laid out by head instead: the rows of
+``q_proj``/``k_proj``/``v_proj`` and the columns of ``out_proj`` hold one block per head, as wide as the
+widest head that head index takes in the space, and a subnet's head ``h`` is the leading ``head_dim`` rows
+of block ``h`` (``head_rows``). A leading slice would split a d64 subnet's eight 8-wide heads out of what
+is one 32-wide head of a d256 subnet with eight heads; by head, head ``h`` of every width is the leading
+part of head ``h`` of every wider one, as HAT's and AutoFormer's elastic heads (of one fixed width) are.
 
 Only parameters and persistent floating-point buffers (random features, rotations, centroids) come
 from the supernet; integer buffers (BigBird's random block indices, counters) and non-persistent
@@ -39,6 +46,34 @@ def supernet_name(name: str, attention_of_layer: list[str]) -> str:
     return ".".join(["layers", layer, *rest])
 
 
+def head_blocks(space) -> list[int]:
+    """The width of each head index's block in a ``per_head`` layout: the widest head ``h`` of the space
+    (``d_model // n_heads`` over its widths and head counts above ``h``)."""
+    sizes = [(d // h, h) for d in space.model["d_model"].values() for h in space.model["n_heads"].values()
+             if d % h == 0]  # fmt: skip
+    return [max(dim for dim, h in sizes if h > i) for i in range(max(h for _, h in sizes))]
+
+
+def head_rows(blocks: list[int], n_heads: int, head_dim: int) -> torch.Tensor | None:
+    """The rows (of the ``per_head`` layout ``blocks``) holding ``n_heads`` heads of ``head_dim``: the leading
+    ``head_dim`` of each of the first ``n_heads`` blocks; None where those heads are not in the layout."""
+    if n_heads > len(blocks) or any(head_dim > b for b in blocks[:n_heads]):
+        return None
+    starts = itertools.accumulate([0, *blocks[: n_heads - 1]])
+    return torch.cat([torch.arange(s, s + head_dim) for s in starts])
+
+
+def projection_dim(name: str) -> int | None:
+    """The dimension of a subnet tensor that runs over its heads' rows (``per_head`` layout), or None for a
+    tensor that is not a shared projection's head-tied weight or bias."""
+    parts = name.split(".")
+    if len(parts) < 4 or parts[0] != "blocks" or parts[2] != "attn" or parts[3] not in PROJECTIONS:
+        return None
+    if parts[3] == "out_proj":
+        return 1 if parts[-1] == "weight" else None
+    return 0
+
+
 def inherited_tensors(module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     """The tensors a module takes from the supernet: parameters and persistent float buffers (shared ones once)."""
     yield from module.named_parameters()
@@ -48,9 +83,10 @@ def inherited_tensors(module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
             yield name, buf
 
 
-def leading_slice(tensor: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
-    """``tensor[:shape[0], :shape[1], ...]`` (a view)."""
-    return tensor[tuple(slice(0, s) for s in shape)]
+def region_key(shape: tuple[int, ...], rows: tuple[int, torch.Tensor] | None = None) -> tuple:
+    """The index of a part of ``shape`` in a larger tensor: leading slices, but ``rows = (dim, indices)`` at
+    ``dim`` (``t[key]`` reads it, a copy that gradients flow through; ``t[key] = x`` writes it)."""
+    return tuple(rows[1] if rows is not None and i == rows[0] else slice(0, n) for i, n in enumerate(shape))
 
 
 def config_seed(config_dict: dict[str, Any]) -> int:

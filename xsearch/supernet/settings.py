@@ -13,6 +13,10 @@ from xsearch.training.settings import TrainSettings
 SAMPLING = ("uniform", "sandwich", "progressive")
 #: How a subnet's narrower slice of a Linear weight is scaled (``SuperTransformer``'s ``width_scaling``).
 WIDTH_SCALING = ("none", "fan_in")
+#: How the shared q/k/v/out projections hold every width's heads (``SuperTransformer``'s ``head_layout``).
+HEAD_LAYOUTS = ("leading", "per_head")
+#: The layout options' values in a supernet saved before the option.
+LAYOUT_DEFAULTS = {"width_scaling": "none", "head_layout": "leading"}
 
 
 @dataclass
@@ -41,6 +45,11 @@ class SupernetTrainSettings(Settings):
                                 "supernet's is scaled: none (the plain leading slice, as HAT) or fan_in (times "
                                 "sqrt(the supernet's inputs / the subnet's), so every width starts at its own "
                                 "initial scale)", choices=WIDTH_SCALING)  # fmt: skip
+    head_layout: str = option("leading", "how the shared q/k/v/out projections hold the heads: leading (a subnet's "
+                              "rows are the leading slice, so a narrower width's heads cut across a wider one's) or "
+                              "per_head (one block of rows per head index; head h of every width is the leading "
+                              "part of block h, as elastic heads of one width are in HAT)",
+                              choices=HEAD_LAYOUTS)  # fmt: skip
     device: str = same_as(TrainSettings, "device")
     checkpoint_every: int = option(200, "steps between checkpoints (a killed run resumes from the last)", ge=1)
 
@@ -49,6 +58,11 @@ class SupernetTrainSettings(Settings):
         if self.sampling == "progressive" and self.steps is None:
             raise SettingError(("sampling", "steps", "seconds"), "{0}=progressive shrinks on a schedule of steps: "
                                "give {1}, not {2}")  # fmt: skip
+
+    @property
+    def layout(self) -> dict[str, str]:
+        """The supernet's layout these settings train (``build_supernet``'s keywords, ``SuperTransformer.layout``)."""
+        return {key: getattr(self, key) for key in LAYOUT_DEFAULTS}
 
     @property
     def subnets_per_step(self) -> int:

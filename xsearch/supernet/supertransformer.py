@@ -15,12 +15,15 @@ from xsearch.config import ModelConfig, describe_config
 from xsearch.errors import XSearchError
 from xsearch.supernet.layout import (
     config_seed,
+    head_blocks,
+    head_rows,
     inherited_tensors,
-    leading_slice,
+    projection_dim,
+    region_key,
     supernet_name,
     variant_shapes,
 )
-from xsearch.supernet.settings import WIDTH_SCALING
+from xsearch.supernet.settings import HEAD_LAYOUTS, LAYOUT_DEFAULTS, WIDTH_SCALING
 
 #: The task's part of every subnet's config: a supernet is built for one task.
 TASK_KEYS = ("vocab_size", "max_len", "head", "n_classes", "causal")
@@ -32,12 +35,19 @@ class SubnetMismatchError(XSearchError):
 
 
 class Slice(NamedTuple):
-    """Where a subnet's tensor lives in the supernet: the supernet tensor's name, the subnet's (leading) shape of
-    it, and the factor the slice is multiplied by (1.0 but where ``width_scaling`` scales it)."""
+    """Where a subnet's tensor lives in the supernet: the supernet tensor's name, the subnet's shape of it, the
+    factor the slice is multiplied by (1.0 but where ``width_scaling`` scales it), and, where one dimension is
+    not a leading slice (the heads' rows of a ``per_head`` layout), that dimension and its indices."""
 
     source: str
     shape: tuple[int, ...]
     scale: float
+    rows: tuple[int, torch.Tensor] | None = None
+
+    @property
+    def key(self) -> tuple:
+        """The index of the subnet's part of the supernet tensor (``t[s.key]``)."""
+        return region_key(self.shape, self.rows)
 
 
 def _key(name: str) -> str:
@@ -60,17 +70,26 @@ class SuperTransformer(nn.Module):
             ``sqrt(supernet inputs / subnet inputs)``, the ratio of their initial scales (PyTorch's Linear
             init draws with a spread of ``1/sqrt(inputs)``), so a narrow subnet's layers start at the scale a
             model of its own width starts at, instead of shrunk by the wider ones' share of the inputs.
+        head_layout: ``"leading"``: the shared q/k/v/out projections are leading slices like every other tensor
+            (a narrower width's heads cut across a wider one's). ``"per_head"``: they hold one block of rows
+            per head index, and each subnet's head ``h`` is the leading part of block ``h``
+            (``xsearch.supernet.layout``).
     """
 
     def __init__(self, space, task_fields: dict[str, Any], *, init: bool = True, seed: int = 0,
-                 width_scaling: str = "none") -> None:  # fmt: skip
+                 width_scaling: str = "none", head_layout: str = "leading") -> None:  # fmt: skip
         super().__init__()
         if width_scaling not in WIDTH_SCALING:
             raise ValueError(f"unknown width_scaling {width_scaling!r} (valid: {', '.join(WIDTH_SCALING)})")
+        if head_layout not in HEAD_LAYOUTS:
+            raise ValueError(f"unknown head_layout {head_layout!r} (valid: {', '.join(HEAD_LAYOUTS)})")
         self.space = space
         self.task_fields = dict(task_fields)
         self.seed = seed
         self.width_scaling = width_scaling
+        self.head_layout = head_layout
+        self._blocks = head_blocks(space) if head_layout == "per_head" else None
+        self._widest = max(space.model["d_model"].values())
         self._templates: OrderedDict[str, tuple[nn.Module, dict[str, Slice]]] = OrderedDict()
         self.weights = nn.ParameterDict()
         tensors = self._initial_tensors() if init else None
@@ -103,7 +122,7 @@ class SuperTransformer(nn.Module):
             with torch.device("meta") if meta else torch.device("cpu"):
                 base = build_model(self._largest_config())
             names = ["full"] * base.config.n_layers
-            out = {supernet_name(n, names): t for n, t in inherited_tensors(base)}
+            out = {supernet_name(n, names): self._laid_out(n, t, base, meta) for n, t in inherited_tensors(base)}
             self._buffer_names = {supernet_name(n, names) for n, _ in base.named_buffers()}
             for variant in self.space.attention:
                 shapes, builds, buffers = variant_shapes(self.space, variant, causal=causal, max_len=max_len)
@@ -122,6 +141,18 @@ class SuperTransformer(nn.Module):
                                                                                      max_len)))  # fmt: skip
                         out[full] = _padded(made[tag][name], shape)
             return out
+
+    def _laid_out(self, name: str, t: torch.Tensor, base: nn.Module, meta: bool) -> torch.Tensor:
+        """The largest model's tensor ``name`` as the supernet holds it: itself, or for a projection of a
+        ``per_head`` layout, in its heads' rows of a tensor as wide as every head block (the rest drawn like it)."""
+        dim = projection_dim(name) if self._blocks is not None else None
+        if dim is None:
+            return t
+        shape = tuple(sum(self._blocks) if i == dim else n for i, n in enumerate(t.shape))
+        if meta:
+            return torch.empty(shape, device="meta")
+        attn = base.get_submodule(".".join(name.split(".")[:3]))
+        return _padded(t, shape, (dim, head_rows(self._blocks, attn.n_heads, attn.head_dim)))
 
     @staticmethod
     def _build_attention(variant: str, build: dict[str, Any], causal: bool, max_len: int) -> nn.Module:
@@ -173,17 +204,32 @@ class SuperTransformer(nn.Module):
         for name, t in inherited_tensors(model):
             source = supernet_name(name, attention_of_layer)
             held = self.shapes.get(source)
-            if held is None or len(held) != t.dim() or any(a > b for a, b in zip(t.shape, held, strict=True)):
+            rows = self._head_rows(model, name)
+            if (held is None or len(held) != t.dim() or any(a > b for a, b in zip(t.shape, held, strict=True))
+                    or rows == ()):  # fmt: skip
                 raise SubnetMismatchError(
                     f"subnet {describe_config(cfg)} is not in the supernet's space {self.space.name!r}: its {name} "
-                    f"needs {tuple(t.shape)}, the supernet holds {held}"
+                    f"needs {tuple(t.shape)}, the supernet holds {held}" + (" in other heads" if rows == () else "")
                 )
-            narrower = self.width_scaling == "fan_in" and name in linear and t.shape[1] < held[1]
-            mapping[name] = Slice(source, tuple(t.shape), math.sqrt(held[1] / t.shape[1]) if narrower else 1.0)
+            # (the supernet's inputs of an out_proj laid out per head: the widest subnet's, not every block's)
+            fan_in = self._widest if rows and rows[0] == 1 else held[-1]
+            narrower = self.width_scaling == "fan_in" and name in linear and t.shape[1] < fan_in
+            mapping[name] = Slice(source, tuple(t.shape), math.sqrt(fan_in / t.shape[1]) if narrower else 1.0,
+                                  rows or None)  # fmt: skip
         self._templates[key] = (model, mapping)
         while len(self._templates) > TEMPLATES_KEPT:
             self._templates.popitem(last=False)
         return model, mapping
+
+    def _head_rows(self, model: nn.Module, name: str) -> tuple:
+        """For a projection of a ``per_head`` layout, (its head dimension, the rows of its heads); () where its
+        heads are not in the layout; None for every other tensor."""
+        dim = projection_dim(name) if self._blocks is not None else None
+        if dim is None:
+            return None
+        attn = model.get_submodule(".".join(name.split(".")[:3]))
+        rows = head_rows(self._blocks, attn.n_heads, attn.head_dim)
+        return () if rows is None else (dim, rows.to(self.device))
 
     def tensor(self, name: str) -> torch.Tensor:
         """The supernet tensor ``name`` (a parameter or buffer)."""
@@ -198,8 +244,8 @@ class SuperTransformer(nn.Module):
         return {name: self._slice(s) for name, s in mapping.items()}
 
     def _slice(self, s: Slice) -> torch.Tensor:
-        """The supernet's leading slice ``s``, times its scale where that is not 1."""
-        t = leading_slice(self.tensor(s.source), s.shape)
+        """The supernet's part ``s``, times its scale where that is not 1."""
+        t = self.tensor(s.source)[s.key]
         return t * s.scale if s.scale != 1.0 else t
 
     def forward(self, input_ids: torch.Tensor, mask: torch.Tensor | None = None, *, subnet) -> torch.Tensor:
@@ -212,9 +258,14 @@ class SuperTransformer(nn.Module):
         return BoundSubnet(self, self.check_subnet(subnet))
 
     def __repr__(self) -> str:  # (not nn.Module's: it would list every tensor)
-        scaled = f", width_scaling={self.width_scaling!r}" if self.width_scaling != "none" else ""
+        layout = "".join(f", {k}={v!r}" for k, v in self.layout.items() if v != LAYOUT_DEFAULTS[k])
         return f"SuperTransformer(space={self.space.name!r}, tensors={len(self.shapes)}, " \
-               f"parameters={self.n_parameters():,}{scaled})"  # fmt: skip
+               f"parameters={self.n_parameters():,}{layout})"  # fmt: skip
+
+    @property
+    def layout(self) -> dict[str, str]:
+        """How subnets take their tensors from the supernet (``build_supernet``'s keywords of that)."""
+        return {"width_scaling": self.width_scaling, "head_layout": self.head_layout}
 
     @property
     def device(self) -> torch.device:
@@ -240,19 +291,20 @@ class BoundSubnet(nn.Module):
         return self.sn(input_ids, mask, subnet=self.config)
 
 
-def _padded(src: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
-    """``src`` in the leading corner of a tensor of ``shape``; the rest drawn like ``src`` (mean, std)."""
+def _padded(src: torch.Tensor, shape: tuple[int, ...], rows: tuple[int, torch.Tensor] | None = None) -> torch.Tensor:
+    """``src`` in the leading corner (or ``rows``) of a tensor of ``shape``; the rest drawn like ``src`` (mean,
+    std)."""
     if tuple(src.shape) == tuple(shape):
         return src.detach().clone()
     src = src.detach()
     std = float(src.float().std()) if src.numel() > 1 else 0.0
     out = torch.randn(shape, dtype=src.dtype) * std + float(src.float().mean())
-    leading_slice(out, tuple(src.shape)).copy_(src)
+    out[region_key(tuple(src.shape), rows)] = src
     return out
 
 
-def build_supernet(space, task_fields: dict[str, Any], *, seed: int = 0,
-                   width_scaling: str = "none") -> SuperTransformer:  # fmt: skip
+def build_supernet(space, task_fields: dict[str, Any], *, seed: int = 0, width_scaling: str = "none",
+                   head_layout: str = "leading") -> SuperTransformer:  # fmt: skip
     """A ``SuperTransformer`` over ``space`` (a ``SearchSpace`` or a shipped name / YAML path) for a task.
 
     Args:
@@ -260,6 +312,7 @@ def build_supernet(space, task_fields: dict[str, Any], *, seed: int = 0,
         task_fields: ``Task.model_fields()`` (vocabulary, length, head).
         seed: the initial weights' seed.
         width_scaling: ``"none"`` or ``"fan_in"`` (see ``SuperTransformer``).
+        head_layout: ``"leading"`` or ``"per_head"`` (see ``SuperTransformer``).
     """
     from xsearch.search_spaces import SearchSpace, load_space
 
@@ -268,7 +321,7 @@ def build_supernet(space, task_fields: dict[str, Any], *, seed: int = 0,
     missing = [k for k in ("vocab_size", "max_len") if k not in task_fields]
     if missing:
         raise XSearchError(f"build_supernet: task_fields lacks {', '.join(missing)} (pass Task.model_fields())")
-    return SuperTransformer(space, task_fields, seed=seed, width_scaling=width_scaling)
+    return SuperTransformer(space, task_fields, seed=seed, width_scaling=width_scaling, head_layout=head_layout)
 
 
 def extract_subnet(sn: SuperTransformer, subnet) -> nn.Module:
@@ -289,7 +342,7 @@ def warm_start(sn: SuperTransformer, model: nn.Module) -> int:
     """Copy a trained model's weights into ``sn``: the inverse of ``extract_subnet``.
 
     ``model`` (an ``XSearchModel`` whose config is a subnet of the supernet's space and task, such as the space's
-    reference trained alone) puts each of its tensors in the leading slice of the supernet tensor that holds it;
+    reference trained alone) puts each of its tensors in its part of the supernet tensor that holds it;
     every other supernet weight is left as it is (divided by the slice's factor where the supernet scales it:
     ``width_scaling``). Afterwards ``extract_subnet(sn, model.config)`` equals ``model`` (to rounding where a
     factor is not a power of two).
@@ -309,10 +362,11 @@ def warm_start(sn: SuperTransformer, model: nn.Module) -> int:
     copied = 0
     with torch.no_grad():
         for name, t in given.items():
-            source, shape, scale = mapping[name]
-            if tuple(t.shape) != shape:
-                raise SubnetMismatchError(f"warm start: the model's {name} is {tuple(t.shape)}, its config's {shape}")
-            leading_slice(sn.tensor(source), shape).copy_(t / scale if scale != 1.0 else t)
+            s = mapping[name]
+            if tuple(t.shape) != s.shape:
+                raise SubnetMismatchError(f"warm start: the model's {name} is {tuple(t.shape)}, its config's "
+                                          f"{s.shape}")  # fmt: skip
+            sn.tensor(s.source)[s.key] = t / s.scale if s.scale != 1.0 else t
             copied += t.numel()
     return copied
 

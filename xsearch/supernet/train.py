@@ -126,10 +126,10 @@ def train_supernet(sn, task, settings: SupernetTrainSettings, *, out: str | os.P
     from xsearch.training.loop import evaluate, resumed_steps, task_loss
     from xsearch.training.steps import adamw
 
-    if sn.width_scaling != settings.width_scaling:
-        raise ValueError(f"the supernet was built with width_scaling={sn.width_scaling!r}, the settings say "
-                         f"{settings.width_scaling!r}: build it with the settings' (build_supernet(..., "
-                         "width_scaling=settings.width_scaling))")  # fmt: skip
+    for key, value in settings.layout.items():
+        if sn.layout[key] != value:
+            raise ValueError(f"the supernet was built with {key}={sn.layout[key]!r}, the settings say {value!r}: "
+                             "build it with the settings' (build_supernet(..., **settings.layout))")  # fmt: skip
     out = Path(out) if out is not None else None
     with moved_to(sn, resolve_device(settings.device)):  # trained there, handed back where it came from
         # ParameterDict keys hold "__" for "."; adamw reads ".bias" as a bias
