@@ -321,7 +321,7 @@ class Scores:
     def __init__(self, path: str, args) -> None:
         self.path, self.budget = Path(path), {k: getattr(args, k) for k in self.BUDGET}
         self.warm_start, self.shrink_fraction = args.warm_start, args.shrink_fraction
-        self.supernet_seed, self.layout = args.supernet_seed, layout(args)
+        self.supernet_seed, self.layout, self.split_by = args.supernet_seed, layout(args), args.split_by
         self.runs: dict[tuple[str, str, int, float | None, int], dict] = {}
         for doc in read_lines(self.path):
             if {**OLD_BUDGET, **doc["budget"]} == self.budget:
@@ -335,14 +335,14 @@ class Scores:
         shrink = run.get("shrink_fraction") if run["sampling"] == "progressive" else None
         return (run["space"], run["sampling"], run.get("warm_start", 0), shrink,
                 run.get("supernet_seed", run.get("budget", {}).get("seed")),
-                *(run.get(key, default) for key, default in LAYOUT_DEFAULTS.items()))  # fmt: skip
+                *(run.get(key, default) for key, default in LAYOUT_DEFAULTS.items()), run.get("split_by"))  # fmt: skip
 
     def get(self, space: str, rule: str, subnets: list) -> dict | None:
         """The run of ``space``, ``rule``, ``--warm-start`` (and ``--shrink-fraction``) at this budget, if it scored
         exactly these subnets and kept their losses (a run from before the losses were kept is trained again)."""
         wanted = {"space": space, "sampling": rule, "warm_start": self.warm_start,
                   "shrink_fraction": self.shrink_fraction, "supernet_seed": self.supernet_seed,
-                  **self.layout}  # fmt: skip
+                  **self.layout, "split_by": self.split_by}  # fmt: skip
         run = self.runs.get(self.key(wanted))
         if not run or [s["config"] for s in run["scores"]] != [describe_config(cfg) for cfg in subnets]:
             return None
@@ -391,27 +391,29 @@ def measure_truth(name: str, subnets: list, task, args, ledger: Ledger | None) -
     return truth_rows
 
 
-def score_with_supernet(space, subnets: list, task, rule: str, args) -> dict:
+def score_with_supernet(space, subnets: list, task, rule: str, args, *, passes: int | None = None) -> dict:
     """Train a supernet over ``space`` with the sampling rule ``rule`` and score each of ``subnets`` on the
     validation split with its inherited weights.
 
-    The sandwich rule trains 2 + ``--sandwich-random`` subnets a step: it gets ``--supernet-steps`` divided by
-    that many steps, the same number of subnet passes as uniform sampling (its seconds are printed beside).
+    The sandwich rule trains 2 + ``--sandwich-random`` subnets a step: it gets ``passes`` (``--supernet-steps``)
+    divided by that many steps, the same number of subnet passes as uniform sampling (its seconds are printed
+    beside).
     """
+    passes = passes or args.supernet_steps
     sn = build_supernet(space, task.model_fields(), seed=args.supernet_seed, **layout(args))
     warm = warm_start_model(space, task, args) if args.warm_start else None
     settings = SupernetTrainSettings(steps=1, lr=args.lr, seed=args.supernet_seed, sampling=rule, **layout(args),
                                      sandwich_random=args.sandwich_random, shrink_fraction=args.shrink_fraction,
                                      device=args.device,
                                      checkpoint_every=args.checkpoint_every)  # fmt: skip
-    settings = dataclasses.replace(settings, steps=max(1, args.supernet_steps // settings.subnets_per_step))
+    settings = dataclasses.replace(settings, steps=max(1, passes // settings.subnets_per_step))
     out = None
     if args.supernet_work:
         shrink = f"-shrink{args.shrink_fraction:g}" if rule == "progressive" and args.shrink_fraction != 0.5 else ""
         seed = f"-seed{args.supernet_seed}" if args.supernet_seed != args.seed else ""
         scaled = "".join(f"-{v}" for k, v in layout(args).items() if v != LAYOUT_DEFAULTS[k])
         out = (Path(args.supernet_work)
-               / f"{space.name}-{rule}-{args.supernet_steps}-warm{args.warm_start}{shrink}{seed}{scaled}")  # fmt: skip
+               / f"{space.name}-{rule}-{passes}-warm{args.warm_start}{shrink}{seed}{scaled}")  # fmt: skip
     record = train_supernet(sn, task, settings, out=out, progress=out is not None, init=warm and warm["model"])
     supernet_s = record["seconds"]  # (over every sitting of a resumed run)
     scores = []
@@ -430,6 +432,45 @@ def score_with_supernet(space, subnets: list, task, rule: str, args) -> dict:
             "subnet_passes": record["subnet_passes"], "supernet_seconds": supernet_s,
             "supernet_parameters": sn.n_parameters(), "final_loss": record["final_loss"],
             "reference_valid": record["reference_valid"], "machine": machine(), "scores": scores}  # fmt: skip
+
+
+def split_values(space, dim: str) -> list:
+    """Every value of the model dimension ``dim`` of ``space`` (the choices, or each int of a range)."""
+    d = space.model[dim]
+    return list(d.choices) if d.choices is not None else list(range(int(d.low), int(d.high) + 1, int(d.step or 1)))
+
+
+def sub_space(space, dim: str, value):
+    """``space`` with ``dim`` held at ``value`` (its reference too)."""
+    from xsearch.search_spaces.dims import Dim
+
+    return dataclasses.replace(space, name=f"{space.name}-{dim}{value}", model={**space.model, dim: Dim((value,))},
+                               reference={**space.reference, dim: value})  # fmt: skip
+
+
+def score_with_split_supernets(space, subnets: list, task, rule: str, args) -> dict:
+    """Few-shot NAS (Zhao et al., 2021): ``space`` split on ``--split-by`` into one sub-space per value, a supernet
+    trained over each with an equal share of ``--supernet-steps`` passes, each subnet scored with its value's
+    supernet (no weight is shared across the values). The figures of the run are the sums over the supernets."""
+    dim = args.split_by
+    once = [d for d in space.model if not (space.per_layer and d in space.LAYER_DIMS)]
+    if dim not in once:
+        raise SystemExit(f"--split-by {dim}: not a model dimension the space {space.name!r} draws once per model "
+                         f"(valid: {', '.join(once)})")  # fmt: skip
+    if args.warm_start:
+        raise SystemExit("--split-by: the warm start is of the whole space's reference; give one or the other")
+    values = split_values(space, dim)
+    runs = [score_with_supernet(sub_space(space, dim, v), [c for c in subnets if model_dims(c)[dim] == v], task,
+                                rule, args, passes=args.supernet_steps // len(values)) for v in values]  # fmt: skip
+    by_config = {s["config"]: s for r in runs for s in r["scores"]}
+    total = {k: sum(r[k] for r in runs) for k in ("supernet_steps", "subnet_passes", "supernet_seconds",
+                                                   "supernet_parameters")}  # fmt: skip
+    return {**runs[0], **total, "space": space.name, "split_by": dim,
+            "final_loss": float(np.mean([r["final_loss"] for r in runs])),
+            "reference_valid": float(np.mean([r["reference_valid"] for r in runs])),
+            "split": {str(v): {k: r[k] for k in ("space", *total, "final_loss", "reference_valid")}
+                      for v, r in zip(values, runs, strict=True)},
+            "scores": [by_config[describe_config(cfg)] for cfg in subnets]}  # fmt: skip
 
 
 def warm_start_model(space, task, args) -> dict:
@@ -545,7 +586,8 @@ def run_space(name: str, task, args, ledger: Ledger | None, scores: Scores | Non
                   file=sys.stderr, flush=True)  # fmt: skip
             continue
         if run is None:
-            run = score_with_supernet(space, subnets, task, rule, args)
+            run = (score_with_split_supernets if args.split_by else score_with_supernet)(space, subnets, task, rule,
+                                                                                         args)  # fmt: skip
             if scores:
                 scores.add(run)
         results.append(rank(run, subnets, truth_rows))
@@ -644,11 +686,11 @@ def layout(args) -> dict[str, str]:
 
 def within_dims(part: str, space) -> tuple[str, ...]:
     """The dimensions of ``space`` a ``--one-subnet-within`` part draws (``attention`` for the variant and its
-    parameters); an unknown one exits naming it."""
+    parameters, alone or joined to model dimensions); an unknown one exits naming it."""
     if part in WITHIN:
         return ("attention",) if part == "attention" else tuple(space.model)
     dims = tuple(part.split("+"))
-    if unknown := [d for d in dims if d not in space.model]:
+    if unknown := [d for d in dims if d not in space.model and d != "attention"]:
         raise SystemExit(f"--one-subnet-within: unknown part {part!r} ({', '.join(unknown)}: not a model "
                          f"dimension of the space {space.name!r}; valid: {', '.join([*WITHIN, *space.model])}, "
                          "or dimensions joined by '+')")  # fmt: skip
@@ -792,6 +834,9 @@ def main() -> int:
     p.add_argument("--head-layout", default="leading", choices=HEAD_LAYOUTS, help="the ranking's and the "
                    "one-subnet table's supernets' projections (SupernetTrainSettings.head_layout): leading, or "
                    "per_head (head h of every width the leading part of one block of rows)")  # fmt: skip
+    p.add_argument("--split-by", metavar="DIM", help="few-shot NAS: one supernet per value of this model dimension "
+                   "of the space (e.g. d_model), each over the sub-space holding it with an equal share of "
+                   "--supernet-steps passes; each subnet scored with its value's supernet")  # fmt: skip
     p.add_argument("--pos-encoding", default="sinusoidal", choices=POS_ENCODINGS, help="the position encoding of "
                    "every model the ranking and the one-subnet table build (the spaces' models: ground truth, "
                    "proxies, supernets); kept in the ledger's and the scores' budgets (lines from before it read as "
@@ -966,6 +1011,8 @@ def sampling(r: dict, seed: int) -> str:
     for key, default in LAYOUT_DEFAULTS.items():
         if r.get(key, default) != default:
             rule += f", {key.replace('_', ' ')} {r[key]}"
+    if r.get("split_by"):
+        rule += f", split by {r['split_by']} ({len(r['split'])} supernets, no weight shared across them)"
     if not r.get("warm_start"):
         return rule
     return f"{rule}, warm start (reference {r['warm_start']} steps: test {r['warm_start_test']:.4f})"
