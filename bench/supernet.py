@@ -741,11 +741,10 @@ def one_subnet(task, args) -> dict:
     uniform = supernet_train.draw_subnets
 
     def trained(steps: int, draw) -> dict:
-        sn = build_supernet(space, task.model_fields(), seed=args.seed, **layout(args))
+        sn = build_supernet(space, task.model_fields(), seed=args.supernet_seed, **layout(args))
         with mock.patch.object(supernet_train, "draw_subnets", draw):
-            train_supernet(
-                sn, task, SupernetTrainSettings(steps=steps, lr=args.lr, seed=args.seed, **layout(args)), progress=False
-            )
+            settings = SupernetTrainSettings(steps=steps, lr=args.lr, seed=args.supernet_seed, **layout(args))
+            train_supernet(sn, task, settings, progress=False)
         model = extract_subnet(sn, cfg)
         (valid, valid_loss), (test, _) = accuracy_and_loss(model, task, "valid"), accuracy_and_loss(model, task, "test")
         return {"steps": steps, "valid": valid, "valid_loss": valid_loss, "test": test}
@@ -848,8 +847,9 @@ def main() -> int:
     p.add_argument("--checkpoint-every", type=int, default=200, help="with --supernet-work, steps between a "
                    "supernet's checkpoints (each holds its weights and optimizer state)")  # fmt: skip
     p.add_argument("--seed", type=int, default=0, help="the task's data, the subnets drawn, the supernets")
-    p.add_argument("--supernet-seed", type=int, help="the ranking's supernets' initialisation and sampling "
-                   "(default: --seed): train one again with another seed to see how much of a tau is luck")  # fmt: skip
+    p.add_argument("--supernet-seed", type=int, help="the ranking's and the one-subnet table's supernets' "
+                   "initialisation, draws and batches (default: --seed): train one again with another seed to see "
+                   "how much of a figure is luck (the one-subnet table's subnet stays --seed's draw)")  # fmt: skip
     p.add_argument("--train-seed", type=int, help="the proxy and standalone trainings' seed (default: --seed); "
                    "another one, with --ledger and --only, trains those subnets again to measure how much the "
                    "ground truth itself varies (the repeatability table), not the ranking")  # fmt: skip
