@@ -145,14 +145,11 @@ class SuperTransformer(nn.Module):
     def _laid_out(self, name: str, t: torch.Tensor, base: nn.Module, meta: bool) -> torch.Tensor:
         """The largest model's tensor ``name`` as the supernet holds it: itself, or for a projection of a
         ``per_head`` layout, in its heads' rows of a tensor as wide as every head block (the rest drawn like it)."""
-        dim = projection_dim(name) if self._blocks is not None else None
-        if dim is None:
+        rows = self._head_rows(base, name)
+        if rows is None:
             return t
-        shape = tuple(sum(self._blocks) if i == dim else n for i, n in enumerate(t.shape))
-        if meta:
-            return torch.empty(shape, device="meta")
-        attn = base.get_submodule(".".join(name.split(".")[:3]))
-        return _padded(t, shape, (dim, head_rows(self._blocks, attn.n_heads, attn.head_dim)))
+        shape = tuple(sum(self._blocks) if i == rows[0] else n for i, n in enumerate(t.shape))
+        return torch.empty(shape, device="meta") if meta else _padded(t, shape, rows)
 
     @staticmethod
     def _build_attention(variant: str, build: dict[str, Any], causal: bool, max_len: int) -> nn.Module:
@@ -215,7 +212,7 @@ class SuperTransformer(nn.Module):
             fan_in = self._widest if rows and rows[0] == 1 else held[-1]
             narrower = self.width_scaling == "fan_in" and name in linear and t.shape[1] < fan_in
             mapping[name] = Slice(source, tuple(t.shape), math.sqrt(fan_in / t.shape[1]) if narrower else 1.0,
-                                  rows or None)  # fmt: skip
+                                  (rows[0], rows[1].to(self.device)) if rows else None)  # fmt: skip
         self._templates[key] = (model, mapping)
         while len(self._templates) > TEMPLATES_KEPT:
             self._templates.popitem(last=False)
@@ -229,7 +226,7 @@ class SuperTransformer(nn.Module):
             return None
         attn = model.get_submodule(".".join(name.split(".")[:3]))
         rows = head_rows(self._blocks, attn.n_heads, attn.head_dim)
-        return () if rows is None else (dim, rows.to(self.device))
+        return () if rows is None else (dim, rows)
 
     def tensor(self, name: str) -> torch.Tensor:
         """The supernet tensor ``name`` (a parameter or buffer)."""
