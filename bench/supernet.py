@@ -322,7 +322,7 @@ class Scores:
         self.path, self.budget = Path(path), {k: getattr(args, k) for k in self.BUDGET}
         self.warm_start, self.shrink_fraction = args.warm_start, args.shrink_fraction
         self.supernet_seed, self.layout, self.split_by = args.supernet_seed, layout(args), args.split_by
-        self.runs: dict[tuple[str, str, int, float | None, int], dict] = {}
+        self.runs: dict[tuple, dict] = {}  # by key()
         for doc in read_lines(self.path):
             if {**OLD_BUDGET, **doc["budget"]} == self.budget:
                 self.runs[self.key(doc)] = doc
@@ -434,12 +434,6 @@ def score_with_supernet(space, subnets: list, task, rule: str, args, *, passes: 
             "reference_valid": record["reference_valid"], "machine": machine(), "scores": scores}  # fmt: skip
 
 
-def split_values(space, dim: str) -> list:
-    """Every value of the model dimension ``dim`` of ``space`` (the choices, or each int of a range)."""
-    d = space.model[dim]
-    return list(d.choices) if d.choices is not None else list(range(int(d.low), int(d.high) + 1, int(d.step or 1)))
-
-
 def sub_space(space, dim: str, value):
     """``space`` with ``dim`` held at ``value`` (its reference too)."""
     from xsearch.search_spaces.dims import Dim
@@ -459,7 +453,7 @@ def score_with_split_supernets(space, subnets: list, task, rule: str, args) -> d
                          f"(valid: {', '.join(once)})")  # fmt: skip
     if args.warm_start:
         raise SystemExit("--split-by: the warm start is of the whole space's reference; give one or the other")
-    values = split_values(space, dim)
+    values = space.model[dim].every_value()
     runs = [score_with_supernet(sub_space(space, dim, v), [c for c in subnets if model_dims(c)[dim] == v], task,
                                 rule, args, passes=args.supernet_steps // len(values)) for v in values]  # fmt: skip
     by_config = {s["config"]: s for r in runs for s in r["scores"]}
@@ -867,9 +861,9 @@ def main() -> int:
     p.add_argument("--one-subnet-within", default="", metavar="PARTS", help="the one-subnet table's rows of a "
                    "supernet trained --supernet-steps uniform passes over part of the space: 'attention' (every "
                    "variant drawn, the subnet's sizes kept), 'model' (every size drawn, the subnet's attention "
-                   "kept) and/or model dimensions of the space joined by '+' (e.g. d_model, "
-                   "n_layers+weight_sharing; the rest kept): which shared part keeps the subnet on the "
-                   "plateau")  # fmt: skip
+                   "kept) and/or model dimensions of the space, or attention, joined by '+' (e.g. d_model, "
+                   "n_layers+weight_sharing, attention+n_layers; the rest kept): which shared part keeps the "
+                   "subnet on the plateau")  # fmt: skip
     p.add_argument("--equal-cost-space", default="default")
     p.add_argument("--ec-supernet-steps", type=int, default=1200, help="the one-shot arm's supernet training")
     p.add_argument("--ec-trials", type=int, default=50, help="candidates the one-shot arm scores (with measured "

@@ -34,6 +34,14 @@ class Dim:
         """Representative values (all choices, or the ends of a range) for validation."""
         return list(self.choices) if self.choices is not None else [self.low, self.high]
 
+    def every_value(self) -> list[Any]:
+        """Every value a draw can take: the choices, or each int of an int range (a float range has no list)."""
+        if self.choices is not None:
+            return list(self.choices)
+        if not self.is_int:
+            raise SpaceError(f"a float range ({self.low} to {self.high}) has no finite list of values")
+        return list(range(int(self.low), int(self.high) + 1, int(self.step or 1)))
+
     def suggest(self, trial, name: str) -> Any:
         if self.choices is not None:
             if len(self.choices) == 1:

@@ -128,9 +128,4 @@ class SearchSpace:
             return math.prod(count(d) for d in self.model.values()) * attention
         layer = attention * math.prod(count(self.model[k]) for k in self.LAYER_DIMS if k in self.model)
         shared = math.prod(count(d) for k, d in self.model.items() if k not in (*self.LAYER_DIMS, "n_layers"))
-        depth = self.model["n_layers"]
-        if depth.choices is not None:
-            depths = list(depth.choices)
-        else:
-            depths = list(range(int(depth.low), int(depth.high) + 1, int(depth.step or 1)))
-        return shared * sum(layer**n for n in depths)
+        return shared * sum(layer**n for n in self.model["n_layers"].every_value())

@@ -146,3 +146,13 @@ def test_show_round_trips_through_yaml(tmp_path):
     space = load_space("default")
     again = load_space(write(tmp_path, space.to_yaml()))
     assert again.model == space.model and again.attention == space.attention and again.reference == space.reference
+
+
+def test_every_value_lists_the_choices_or_each_int_of_a_range_and_refuses_a_float_range():
+    from xsearch.search_spaces.dims import parse_dim
+
+    assert parse_dim("d", [64, 128]).every_value() == [64, 128]
+    assert parse_dim("d", {"low": 1, "high": 4}).every_value() == [1, 2, 3, 4]
+    assert parse_dim("d", {"low": 2, "high": 8, "step": 3}).every_value() == [2, 5, 8]
+    with pytest.raises(SpaceError, match="float range"):
+        parse_dim("d", {"low": 0.0, "high": 0.5}).every_value()

@@ -76,7 +76,7 @@ def sinusoidal_positions(n: int, d: int, *, nested: bool = False) -> torch.Tenso
     pos = torch.arange(n, dtype=torch.float32)[:, None]
     pairs = (d + 1) // 2
     e = torch.tensor([van_der_corput(k) for k in range(pairs)]) if nested else torch.arange(pairs) * 2.0 / d
-    angle = pos / torch.pow(10000.0, e.to(torch.float32))
+    angle = pos / torch.pow(10000.0, e)
     table = torch.zeros(n, d)
     table[:, 0::2] = torch.sin(angle)
     table[:, 1::2] = torch.cos(angle[:, : d // 2])

@@ -262,7 +262,7 @@ class SuperTransformer(nn.Module):
     @property
     def layout(self) -> dict[str, str]:
         """How subnets take their tensors from the supernet (``build_supernet``'s keywords of that)."""
-        return {"width_scaling": self.width_scaling, "head_layout": self.head_layout}
+        return {key: getattr(self, key) for key in LAYOUT_DEFAULTS}
 
     @property
     def device(self) -> torch.device:
