@@ -129,6 +129,20 @@ def test_batches_by_length_hold_the_same_examples_with_less_padding():
     assert sorted(examples(first)) == sorted(examples(t.batches("valid", 8, max_batches=2, by_length=True)))
 
 
+@pytest.mark.parametrize("kind", ["listops", "lm"])
+def test_batches_skip_passes_over_the_first_batches(kind):
+    t = get_task(kind, max_len=32) if kind == "lm" else get_task("listops", n_train=10, n_valid=50, n_test=10,
+                                                                 min_len=16, max_len=64, seed=2)  # fmt: skip
+    for shuffle in (False, True):
+        whole = list(t.batches("valid", 8, shuffle=shuffle, seed=4, max_batches=5))
+        later = list(t.batches("valid", 8, shuffle=shuffle, seed=4, max_batches=2, skip=3))
+        assert len(later) == 2
+        for got, expected in zip(later, whole[3:], strict=True):
+            assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))
+    with pytest.raises(ValueError, match="skip must be >= 0, got -1"):
+        next(t.batches("valid", 8, skip=-1))
+
+
 def test_text_task_from_jsonl(tmp_path):
     rows = [{"text": f"good {i} ünïcode", "label": "pos"} for i in range(20)]
     rows += [{"text": f"bad {i}", "label": "neg"} for i in range(20)]

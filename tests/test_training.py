@@ -165,18 +165,39 @@ def test_step_loop_resumed_midway_takes_the_same_steps():
             nan_loop.update(model(torch.ones(1, 2)).sum() * float("nan"))
 
 
-def test_resumed_batches_go_on_where_an_uninterrupted_run_is(task):
-    """Batches skipped for a resumed run (across an epoch's end: 256 examples are 8 batches of 32) are the ones
-    an uninterrupted run drew, and the next are the ones it draws next."""
+@pytest.mark.parametrize("skip", [10, 21])
+def test_resumed_batches_go_on_where_an_uninterrupted_run_is(task, skip):
+    """Batches skipped for a resumed run (within the second epoch, or past two: 256 examples are 8 batches of
+    32) are the ones an uninterrupted run drew, and the next are the ones it draws next; the skipped ones are
+    not built (a run resumed late would otherwise pad every batch it passes over)."""
+    from unittest import mock
+
+    import xsearch.tasks.base as task_base
     from xsearch.training.loop import endless_batches
 
     whole = endless_batches(task, 32, seed=3)
-    drawn = [next(whole) for _ in range(12)]
-    resumed = endless_batches(task, 32, seed=3, skip=10)
-    for expected in drawn[10:]:
+    drawn = [next(whole) for _ in range(skip + 2)]
+    built = mock.Mock(wraps=task_base.pad_batch)
+    with mock.patch.object(task_base, "pad_batch", built):
+        resumed = endless_batches(task, 32, seed=3, skip=skip)
+        for expected in drawn[skip:]:
+            for a, b in zip(next(resumed), expected, strict=True):
+                assert torch.equal(a, b)
+    assert built.call_count == 2
+    assert not torch.equal(drawn[0][0], drawn[8][0])  # the second epoch is reshuffled
+
+
+def test_resumed_lm_windows_go_on_where_an_uninterrupted_run_is():
+    from xsearch.training.loop import endless_batches
+
+    lm = get_task("lm", max_len=32)
+    whole = endless_batches(lm, 4, seed=1)
+    drawn = [next(whole) for _ in range(7)]
+    resumed = endless_batches(lm, 4, seed=1, skip=5)
+    for expected in drawn[5:]:
         for a, b in zip(next(resumed), expected, strict=True):
             assert torch.equal(a, b)
-    assert not torch.equal(drawn[0][0], drawn[8][0])  # the second epoch is reshuffled
+    assert not torch.equal(drawn[5][0], drawn[6][0])
 
 
 def test_training_on_the_named_device_is_training_where_the_model_is(task):

@@ -93,6 +93,7 @@ class Task:
         seed: int = 0,
         max_batches: int | None = None,
         by_length: bool = False,
+        skip: int = 0,
     ) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         """Yield ``(input_ids long[B, N], mask bool[B, N], labels)`` with padding id 0.
 
@@ -101,9 +102,13 @@ class Task:
         ``seed``; for lm, the train split yields random windows forever when shuffled.
         ``by_length`` (classify, for scoring) batches the same examples shortest first, so each
         batch pads least: the examples ``max_batches`` would take are chosen before sorting.
+        ``skip`` passes over the first batches without building them (a resumed run's); ``max_batches``
+        counts the batches after them.
         """
         if batch_size <= 0:
             raise XSearchError(f"batch_size must be > 0, got {batch_size}")
+        if skip < 0:
+            raise XSearchError(f"skip must be >= 0, got {skip}")
         g = torch.Generator().manual_seed(seed)
         count = 0
         if self.kind == "classify":
@@ -114,7 +119,7 @@ class Task:
                 if max_batches is not None:
                     order = order[: max_batches * batch_size]
                 order.sort(key=lambda i: len(seqs[i]))
-            for start in range(0, len(order), batch_size):
+            for start in range(skip * batch_size, len(order), batch_size):
                 if max_batches is not None and count >= max_batches:
                     return
                 idx = order[start : start + batch_size]
@@ -126,6 +131,8 @@ class Task:
         if len(stream) < n + 1:
             raise XSearchError(f"split {split!r} has {len(stream)} tokens, fewer than max_len + 1 = {n + 1}")
         if shuffle:
+            for _ in range(skip):  # (the skipped windows' draws, so the next are the ones a whole run draws)
+                torch.randint(0, len(stream) - n, (batch_size,), generator=g)
             while max_batches is None or count < max_batches:
                 starts = torch.randint(0, len(stream) - n, (batch_size,), generator=g)
                 windows = torch.stack([stream[s : s + n + 1] for s in starts.tolist()])
@@ -133,7 +140,7 @@ class Task:
                 count += 1
             return
         n_windows = (len(stream) - 1) // n
-        for start in range(0, n_windows, batch_size):
+        for start in range(skip * batch_size, n_windows, batch_size):
             if max_batches is not None and count >= max_batches:
                 return
             ws = range(start, min(start + batch_size, n_windows))

@@ -238,19 +238,17 @@ def _record(model, task, step, window, opt, eval_batches, batch_size) -> dict[st
 def endless_batches(task, batch_size: int, seed: int, *, skip: int = 0):
     """Training batches forever: reshuffled epochs (classify) or random windows (lm).
 
-    ``skip`` passes over the first batches unseen: a run resumed at step ``skip`` goes on with the batches an
-    uninterrupted run would have drawn next."""
+    ``skip`` passes over the first batches without building them: a run resumed at step ``skip`` goes on with
+    the batches an uninterrupted run would have drawn next."""
     epoch = 0
-    while True:
-        got = False
-        for batch in task.batches("train", batch_size, shuffle=True, seed=seed + epoch):
-            got = True
-            if skip:
-                skip -= 1
-                continue
-            yield batch
-        if not got:
+    if task.kind == "classify":
+        per_epoch = math.ceil(task.size("train") / batch_size)
+        if not per_epoch:
             raise XSearchError("the train split is empty")
+        epoch, skip = divmod(skip, per_epoch)
+    while True:
+        yield from task.batches("train", batch_size, shuffle=True, seed=seed + epoch, skip=skip)
+        skip = 0
         epoch += 1
 
 
