@@ -232,14 +232,17 @@ class ModelConfig:
 
 
 def describe_config(cfg: ModelConfig | dict[str, Any]) -> str:
-    """One line for a model config (or its dict): ``local(block_size=64) d128 L2 H4 ff256``.
+    """One line for a model config (or its dict): ``local(block_size=64) d128 L2 H4 ff256``; the weight sharing,
+    pooling and position encoding follow where they are not the defaults (``share=all pool=first pos=learned``).
 
     A per-layer config lists its layers: ``d128 L2 [local(block_size=64) H4 ff256 | linear() H8 ff512]``.
     """
     if isinstance(cfg, ModelConfig):
         cfg = cfg.to_dict()
     share, pooling = cfg.get("weight_sharing", "none"), cfg.get("pooling", "mean")
+    pos = cfg.get("pos_encoding", "sinusoidal")
     tail = ("" if share == "none" else f" share={share}") + ("" if pooling == "mean" else f" pool={pooling}")
+    tail += "" if pos == "sinusoidal" else f" pos={pos}"
     layers = cfg.get("layers")
     if layers and any(entry != layers[0] for entry in layers[1:]):
         inner = " | ".join(
