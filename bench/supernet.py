@@ -115,6 +115,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -154,13 +155,33 @@ def tau(x: list[float], y: list[float]) -> float:
 def permutation_p(x: list[float], y: list[float], draws: int = 5000, seed: int = 0) -> float:
     """One-sided permutation p-value of ``tau(x, y)``: the share of random orders of ``x`` (its ties kept) that
     rank ``y`` at least as well. What chance alone gives a signal with no information about ``y``; NaN where
-    the tau is undefined."""
-    observed = tau(x, y)
+    the tau is undefined. (Kept per scores: every supernet's ranking asks it again of the same proxy.)"""
+    return _permutation_p(tuple(x), tuple(y), draws, seed)
+
+
+@functools.lru_cache(maxsize=256)
+def _permutation_p(x: tuple[float, ...], y: tuple[float, ...], draws: int, seed: int) -> float:
+    observed = tau(list(x), list(y))
     if observed != observed:
         return float("nan")
     rng = np.random.default_rng(seed)
     hits = sum(kendall_tau(rng.permutation(x), y) >= observed - 1e-12 for _ in range(draws))
     return (hits + 1) / (draws + 1)
+
+
+#: What a ranking orders the subnets by, higher first: each supernet's inherited validation accuracy and loss,
+#: and the standalone search's proxy (a short training from new weights).
+SIGNALS = {"inherited": lambda r: r["inherited_valid"], "inherited_loss": lambda r: -r["inherited_loss"],
+           "proxy": lambda r: r["proxy_valid"]}  # fmt: skip
+
+
+def taus(rows: list[dict], truth: list[float], signals) -> dict[str, float]:
+    """``tau_<signal>`` and its ``p_<signal>`` of each of ``signals`` (``SIGNALS``' names) over ``rows``."""
+    out = {}
+    for name in signals:
+        scores = [SIGNALS[name](r) for r in rows]
+        out[f"tau_{name}"], out[f"p_{name}"] = tau(scores, truth), permutation_p(scores, truth)
+    return out
 
 
 def noise_ceiling(values: list[float], noise_sd: float, draws: int = 2000, seed: int = 0) -> tuple[float, float, float]:
@@ -511,13 +532,7 @@ def rank(run: dict, subnets: list, truth_rows: list[dict | None]) -> dict:
     alike = [r for r in rows if r.get("machine") == run["machine"]]
     return {
         **{k: v for k, v in run.items() if k not in ("scores", "budget")},
-        "subnets": len(rows), "drawn": len(truth_rows), "rows": rows,
-        "tau_inherited": tau([r["inherited_valid"] for r in rows], truth),
-        "tau_inherited_loss": tau([-r["inherited_loss"] for r in rows], truth),
-        "tau_proxy": tau([r["proxy_valid"] for r in rows], truth),
-        "p_inherited": permutation_p([r["inherited_valid"] for r in rows], truth),
-        "p_inherited_loss": permutation_p([-r["inherited_loss"] for r in rows], truth),
-        "p_proxy": permutation_p([r["proxy_valid"] for r in rows], truth),
+        "subnets": len(rows), "drawn": len(truth_rows), "rows": rows, **taus(rows, truth, SIGNALS),
         "inherited_spread": {"min": min(r["inherited_valid"] for r in rows),
                              "max": max(r["inherited_valid"] for r in rows),
                              "distinct": len({r["inherited_valid"] for r in rows}),
@@ -529,9 +544,7 @@ def rank(run: dict, subnets: list, truth_rows: list[dict | None]) -> dict:
         # Seconds compare only on one machine and thread count: the rows measured where this supernet was.
         "standalone_s": sum(r["standalone_s"] for r in alike) / len(alike) if alike else float("nan"),
         "standalone_rows": len(alike),
-        "pick_by_inherited": pick(rows, lambda r: r["inherited_valid"]),
-        "pick_by_inherited_loss": pick(rows, lambda r: -r["inherited_loss"]),
-        "pick_by_proxy": pick(rows, lambda r: r["proxy_valid"]),
+        **{f"pick_by_{name}": pick(rows, key) for name, key in SIGNALS.items()},
         "best": max(truth),
         "within_width": within_width(rows),
     }  # fmt: skip
@@ -542,11 +555,8 @@ def within_width(rows: list[dict]) -> dict:
     says beyond "narrower first", which a score that merely encodes width would rank at chance."""
     width = max(sorted({r["d_model"] for r in rows}), key=lambda w: sum(r["d_model"] == w for r in rows))
     group = [r for r in rows if r["d_model"] == width]
-    truth = [r["standalone_test"] for r in group]
-    acc, loss = [r["inherited_valid"] for r in group], [-r["inherited_loss"] for r in group]
-    return {"d_model": width, "subnets": len(group), "tau_inherited": tau(acc, truth),
-            "p_inherited": permutation_p(acc, truth), "tau_inherited_loss": tau(loss, truth),
-            "p_inherited_loss": permutation_p(loss, truth)}  # fmt: skip
+    return {"d_model": width, "subnets": len(group),
+            **taus(group, [r["standalone_test"] for r in group], ("inherited", "inherited_loss"))}  # fmt: skip
 
 
 def averaged(row: dict, by_seed: dict[int, float], seeds: list[int]) -> dict | None:
