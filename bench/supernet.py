@@ -125,6 +125,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import optuna
 import torch
 from lra_listops import cpu_seconds  # (bench/, beside this script)
 
@@ -708,17 +709,20 @@ def model_dims(cfg) -> dict:
             "pos_encoding": cfg.pos_encoding, "dropout": cfg.dropout}  # fmt: skip
 
 
-def mixed(cfg, drawn, dims: tuple[str, ...]):
-    """``cfg`` with ``drawn``'s values of ``dims``: its FFN and head widths follow the width, FFN ratio and heads
-    as the space builds them (``SearchSpace.suggest``)."""
-    if "attention" in dims:
-        cfg = dataclasses.replace(cfg, attention=drawn.attention, attention_params=drawn.attention_params)
-    v = model_dims(cfg) | {k: value for k, value in model_dims(drawn).items() if k in dims}
-    return dataclasses.replace(cfg, d_model=v["d_model"], n_layers=v["n_layers"], n_heads=v["n_heads"],
-                               weight_sharing=v["weight_sharing"], pooling=v["pooling"],
-                               pos_encoding=v["pos_encoding"], dropout=v["dropout"],
-                               head_dim=v["d_model"] // v["n_heads"],
-                               d_ff=max(1, int(round(v["d_model"] * v["ffn_ratio"]))))  # fmt: skip
+def space_params(space, cfg) -> dict:
+    """A config of ``space`` (one attention for the whole model) as the values of its draw, under the names the
+    space's ``suggest`` gives them (``attention``, ``attention.<variant>.<param>``, each model dimension)."""
+    own = {f"attention.{cfg.attention}.{k}": v for k, v in cfg.attention_params.items()}
+    return {"attention": cfg.attention, **own, **{k: v for k, v in model_dims(cfg).items() if k in space.model}}
+
+
+def mixed(space, fields: dict, cfg, drawn, dims: tuple[str, ...]):
+    """``cfg`` with ``drawn``'s values of ``dims`` (``attention`` for the variant and its parameters), built by the
+    space itself from those values (its FFN and head widths follow the width, FFN ratio and heads)."""
+    own, other = space_params(space, cfg), space_params(space, drawn)
+    values = {n: v for n, v in own.items() if n.split(".")[0] not in dims}
+    values |= {n: v for n, v in other.items() if n.split(".")[0] in dims}
+    return space.suggest(optuna.trial.FixedTrial(values), fields)
 
 
 def within_label(part: str) -> str:
@@ -762,7 +766,7 @@ def one_subnet(task, args) -> dict:
     for part, dims in parts.items():
 
         def draw(*a, _dims=dims, **kw):  # the space's uniform draw of the part, the rest of the subnet kept
-            return [mixed(cfg, uniform(*a, **kw)[0], _dims)]
+            return [mixed(space, task.model_fields(), cfg, uniform(*a, **kw)[0], _dims)]
 
         within.append({"within": part, **trained(args.supernet_steps, draw)})
     run = Scores(args.scores, args).get(name, "uniform", subnets) if args.scores else None
