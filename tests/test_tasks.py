@@ -141,6 +141,8 @@ def test_batches_skip_passes_over_the_first_batches(kind):
             assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))
     with pytest.raises(ValueError, match="skip must be >= 0, got -1"):
         next(t.batches("valid", 8, skip=-1))
+    with pytest.raises(ValueError, match="skip=2 with by_length"):
+        next(t.batches("valid", 8, skip=2, by_length=True))
 
 
 def test_text_task_from_jsonl(tmp_path):

@@ -109,6 +109,8 @@ class Task:
             raise XSearchError(f"batch_size must be > 0, got {batch_size}")
         if skip < 0:
             raise XSearchError(f"skip must be >= 0, got {skip}")
+        if skip and by_length:
+            raise XSearchError(f"skip={skip} with by_length: a resumed run's batches are not sorted by length")
         g = torch.Generator().manual_seed(seed)
         count = 0
         if self.kind == "classify":
