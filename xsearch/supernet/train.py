@@ -34,8 +34,8 @@ def draw_subnets(space, task_fields: dict[str, Any], seed: int, step: int, sampl
     shrinking; needs the run's ``steps``): one subnet drawn from the top of each size range, the range let
     down linearly from its top alone at step 0 to all of it at ``shrink_fraction * steps`` (uniform from then
     on); the reference's weight sharing is taken with the probability of the range still shut. The attention
-    is always drawn uniformly: sharing across the variants does not hold a subnet back, sharing across sizes
-    does (bench/supernet.py's one-subnet table).
+    is always drawn uniformly: sharing across the variants slows a subnet's training less than sharing across
+    the widths does (bench/supernet.md, the one-subnet table).
     """
     from xsearch.search_spaces import BoundaryDraw, RandomDraw, ShrinkingDraw
 
