@@ -765,8 +765,8 @@ def one_subnet(task, args) -> dict:
     within = []
     for part, dims in parts.items():
 
-        def draw(*a, _dims=dims, **kw):  # the space's uniform draw of the part, the rest of the subnet kept
-            return [mixed(space, task.model_fields(), cfg, uniform(*a, **kw)[0], _dims)]
+        def draw(sn_space, fields, *a, _dims=dims, **kw):  # the space's uniform draw of the part, the rest kept
+            return [mixed(sn_space, fields, cfg, uniform(sn_space, fields, *a, **kw)[0], _dims)]
 
         within.append({"within": part, **trained(args.supernet_steps, draw)})
     run = Scores(args.scores, args).get(name, "uniform", subnets) if args.scores else None

@@ -100,10 +100,9 @@ def test_weight_sharing_reduces_parameters_and_is_saved(tmp_path):
 def test_learned_positions_and_bad_inputs():
     m = xsearch.build_model(cfg(pos_encoding="learned")).eval()
     # the one-line description names a position encoding that is not the default
-    assert xsearch.describe_config(m.config).endswith(" pos=learned")
-    assert "pos=" not in xsearch.describe_config(cfg()) and xsearch.describe_config(cfg()) != xsearch.describe_config(
-        m.config
-    )
+    learned, plain = xsearch.describe_config(m.config), xsearch.describe_config(cfg())
+    assert learned.endswith(" pos=learned")
+    assert "pos=" not in plain and plain != learned
     with pytest.raises(ValueError, match="max_len=48"):
         m(torch.randint(1, 30, (1, 49)))
     with pytest.raises(ValueError, match="2-D"):
