@@ -173,7 +173,9 @@ def _permutation_p(x: tuple[float, ...], y: tuple[float, ...], draws: int, seed:
 #: What a ranking orders the subnets by, higher first: each supernet's inherited validation accuracy and loss,
 #: and the standalone search's proxy (a short training from new weights).
 SIGNALS = {"inherited": lambda r: r["inherited_valid"], "inherited_loss": lambda r: -r["inherited_loss"],
-           "proxy": lambda r: r["proxy_valid"]}  # fmt: skip
+           "proxy": lambda r: r["proxy_valid"], "finetuned": lambda r: r["finetuned_valid"],
+           "finetuned_loss": lambda r: -r["finetuned_loss"]}  # fmt: skip
+FINETUNED = ("finetuned", "finetuned_loss")  # (the signals only a run with --inherited-finetune has)
 
 
 def taus(rows: list[dict], truth: list[float], signals) -> dict[str, float]:
@@ -344,6 +346,7 @@ class Scores:
         self.path, self.budget = Path(path), {k: getattr(args, k) for k in self.BUDGET}
         self.warm_start, self.shrink_fraction = args.warm_start, args.shrink_fraction
         self.supernet_seed, self.layout, self.split_by = args.supernet_seed, layout(args), args.split_by
+        self.finetune = args.inherited_finetune
         self.runs: dict[tuple, dict] = {}  # by key()
         for doc in read_lines(self.path):
             if {**OLD_BUDGET, **doc["budget"]} == self.budget:
@@ -371,6 +374,10 @@ class Scores:
         if any("inherited_loss" not in s for s in run["scores"]):
             print(f"  [{space} {rule}] the supernet in {self.path} was scored before losses were kept: "
                   "training it again", file=sys.stderr, flush=True)  # fmt: skip
+            return None
+        if self.finetune and run.get("inherited_finetune") != self.finetune:
+            print(f"  [{space} {rule}] the supernet in {self.path} has no subnet fine-tuned {self.finetune} steps: "
+                  "training it again (or taking it from --supernet-work)", file=sys.stderr, flush=True)  # fmt: skip
             return None
         return run
 
@@ -444,6 +451,12 @@ def score_with_supernet(space, subnets: list, task, rule: str, args, *, passes: 
         inherited, loss = accuracy_and_loss(extract_subnet(sn, cfg).to(args.device), task, "valid")
         scores.append({"config": describe_config(cfg), "inherited_valid": inherited, "inherited_loss": loss,
                        "score_s": time.perf_counter() - t0})  # fmt: skip
+    for i, (cfg, score) in enumerate(zip(subnets, scores, strict=True)) if args.inherited_finetune else ():
+        score.update(finetuned(sn, cfg, task, args))
+        print(f"  [{space.name} {rule} {i + 1}/{len(subnets)}] fine-tuned {args.inherited_finetune} steps from the "
+              f"inherited weights: valid {score['finetuned_valid']:.4f}, loss {score['finetuned_loss']:.4f} (was "
+              f"{score['inherited_valid']:.4f}, {score['inherited_loss']:.4f}; {score['finetune_s']:.0f} s)",
+              file=sys.stderr, flush=True)  # fmt: skip
     print(f"  [{space.name} {rule}] supernet {record['subnet_passes']} subnet passes in {supernet_s:.0f} s (final "
           f"loss {record['final_loss']:.3f}, reference subnet {record['reference_valid']:.4f} validation); "
           f"{len(scores)} subnets scored", file=sys.stderr, flush=True)  # fmt: skip
@@ -453,7 +466,20 @@ def score_with_supernet(space, subnets: list, task, rule: str, args, *, passes: 
             **({k: v for k, v in warm.items() if k != "model"} if warm else {}), "supernet_steps": record["steps"],
             "subnet_passes": record["subnet_passes"], "supernet_seconds": supernet_s,
             "supernet_parameters": sn.n_parameters(), "final_loss": record["final_loss"],
-            "reference_valid": record["reference_valid"], "machine": machine(), "scores": scores}  # fmt: skip
+            "reference_valid": record["reference_valid"], "machine": machine(),
+            **({"inherited_finetune": args.inherited_finetune} if args.inherited_finetune else {}),
+            "scores": scores}  # fmt: skip
+
+
+def finetuned(sn, cfg, task, args) -> dict:
+    """``cfg`` extracted from ``sn`` and trained ``--inherited-finetune`` steps from those weights with the
+    proxy's recipe (``--lr``, seed ``--train-seed``), then scored on the validation split: the inherited weights
+    as a start rather than a score (the proxy's training, shortened, from the supernet's weights)."""
+    t0 = time.perf_counter()
+    settings = TrainSettings(steps=args.inherited_finetune, lr=args.lr, seed=args.train_seed, device=args.device)
+    trained = train_model(cfg, task, settings, progress=False, init=extract_subnet(sn, cfg))
+    valid, loss = accuracy_and_loss(trained.model.to(args.device), task, "valid")
+    return {"finetuned_valid": valid, "finetuned_loss": loss, "finetune_s": time.perf_counter() - t0}
 
 
 def sub_space(space, dim: str, value):
@@ -530,10 +556,11 @@ def rank(run: dict, subnets: list, truth_rows: list[dict | None]) -> dict:
     rows = [{**row, **score, "d_model": cfg.d_model}
             for score, cfg, row in zip(run["scores"], subnets, truth_rows) if row is not None]  # fmt: skip
     truth = [r["standalone_test"] for r in rows]
+    signals = [name for name in SIGNALS if name not in FINETUNED or run.get("inherited_finetune")]
     alike = [r for r in rows if r.get("machine") == run["machine"]]
     return {
         **{k: v for k, v in run.items() if k not in ("scores", "budget")},
-        "subnets": len(rows), "drawn": len(truth_rows), "rows": rows, **taus(rows, truth, SIGNALS),
+        "subnets": len(rows), "drawn": len(truth_rows), "rows": rows, **taus(rows, truth, signals),
         "inherited_spread": {"min": min(r["inherited_valid"] for r in rows),
                              "max": max(r["inherited_valid"] for r in rows),
                              "distinct": len({r["inherited_valid"] for r in rows}),
@@ -542,10 +569,12 @@ def rank(run: dict, subnets: list, truth_rows: list[dict | None]) -> dict:
         "tau_narrower": tau([-r["d_model"] for r in rows], truth),
         "tau_fewer_parameters": tau([-r["parameters"] for r in rows], truth),
         "score_s": sum(s["score_s"] for s in run["scores"]) / len(run["scores"]),
+        **({"finetune_s": sum(s["finetune_s"] for s in run["scores"]) / len(run["scores"])}
+           if "finetune_s" in run["scores"][0] else {}),
         # Seconds compare only on one machine and thread count: the rows measured where this supernet was.
         "standalone_s": sum(r["standalone_s"] for r in alike) / len(alike) if alike else float("nan"),
         "standalone_rows": len(alike),
-        **{f"pick_by_{name}": pick(rows, key) for name, key in SIGNALS.items()},
+        **{f"pick_by_{name}": pick(rows, SIGNALS[name]) for name in signals},
         "best": max(truth),
         "within_width": within_width(rows),
     }  # fmt: skip
@@ -556,8 +585,8 @@ def within_width(rows: list[dict]) -> dict:
     says beyond "narrower first", which a score that merely encodes width would rank at chance."""
     width = max(sorted({r["d_model"] for r in rows}), key=lambda w: sum(r["d_model"] == w for r in rows))
     group = [r for r in rows if r["d_model"] == width]
-    return {"d_model": width, "subnets": len(group),
-            **taus(group, [r["standalone_test"] for r in group], ("inherited", "inherited_loss"))}  # fmt: skip
+    names = ("inherited", "inherited_loss", *(FINETUNED if "finetuned_valid" in rows[0] else ()))
+    return {"d_model": width, "subnets": len(group), **taus(group, [r["standalone_test"] for r in group], names)}
 
 
 def averaged(row: dict, by_seed: dict[int, float], seeds: list[int]) -> dict | None:
@@ -848,6 +877,9 @@ def main() -> int:
                    "every model the ranking and the one-subnet table build (the spaces' models: ground truth, "
                    "proxies, supernets); kept in the ledger's and the scores' budgets (lines from before it read as "
                    "sinusoidal). nested_sinusoidal gives every width the leading columns of one table")  # fmt: skip
+    p.add_argument("--inherited-finetune", type=int, default=0, metavar="STEPS", help="also train each subnet "
+                   "STEPS steps from its inherited weights (the proxy's recipe) and rank by its validation accuracy "
+                   "and loss then: the supernet's weights as a start rather than a score")  # fmt: skip
     p.add_argument("--warm-start", type=int, default=0, metavar="STEPS", help="warm-start each supernet from the "
                    "space's reference trained alone this many steps (0: from new weights)")  # fmt: skip
     p.add_argument("--supernet-work", metavar="DIR", help="keep each supernet's checkpoints (and the warm start's "
@@ -1087,6 +1119,25 @@ def print_ranking(task, args) -> dict:
               f"{r['tau_fewer_parameters']:.3f} | {r['perfect_ranker_tau'][0]:.2f} | "
               f"{picked(r['pick_by_inherited'])} / {picked(r['pick_by_inherited_loss'])} / "
               f"{picked(r['pick_by_proxy'])} / {r['best']:.4f} | {task.chance('test'):.4f} |")  # fmt: skip
+    if tuned := [r for r in results if r.get("inherited_finetune")]:
+        print()
+        print("The inherited weights as a start: each subnet trained more steps from them, then scored on the "
+              "validation split (beside the proxy: as many or more steps from new weights)")  # fmt: skip
+        print("| space | sampling | fine-tune | tau fine-tuned accuracy / loss (p) | the same within one width (p) | "
+              "tau proxy (p) | standalone test of the pick by fine-tuned accuracy / loss / proxy / best | "
+              "seconds per candidate (fine-tune) | chance |")  # fmt: skip
+        print("|---|---|---|---|---|---|---|---|---|")
+        for r in tuned:
+            within = r["within_width"]
+            print(f"| {r['space']} | {sampling(r, args.seed)} | {r['inherited_finetune']} steps | "
+                  f"{ranked(r['tau_finetuned'], r['p_finetuned'])} / "
+                  f"{ranked(r['tau_finetuned_loss'], r['p_finetuned_loss'])} | d{within['d_model']} "
+                  f"({within['subnets']}): {ranked(within['tau_finetuned'], within['p_finetuned'])} / "
+                  f"{ranked(within['tau_finetuned_loss'], within['p_finetuned_loss'])} | "
+                  f"{ranked(r['tau_proxy'], r['p_proxy'])} ({args.proxy_steps} steps) | "
+                  f"{picked(r['pick_by_finetuned'])} / {picked(r['pick_by_finetuned_loss'])} / "
+                  f"{picked(r['pick_by_proxy'])} / {r['best']:.4f} | {r['finetune_s']:.0f} | "
+                  f"{task.chance('test'):.4f} |")  # fmt: skip
     print()
     print("Cost")
     print(
