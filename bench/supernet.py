@@ -63,6 +63,11 @@ distinct accuracies the subnets get) and its taus within the most common width a
 ``--supernet-seed K`` trains a supernet again from another initialisation and sampling (the
 subnets and ground truth unchanged, its scores kept apart): the supernet's own retest.
 
+``--inherited-finetune STEPS`` uses the inherited weights as a start rather than a score: each subnet is also
+trained STEPS steps from them with the proxy's recipe and ranked by its validation accuracy and loss then, in a
+table of its own beside the proxy (which trains ``--proxy-steps`` from new weights). Its cost is the supernet's
+plus STEPS steps a candidate, so it suits re-ranking a short list rather than scoring thousands.
+
 ``--device cuda`` trains and scores on a CUDA GPU; ``bench/supernet_gpu.sh`` runs many such processes side by
 side on one GPU until a deadline (ground-truth rows, and two supernets) and gathers their ledger and scores
 lines.
@@ -104,6 +109,7 @@ that nest across widths (``xsearch.model.sinusoidal_positions``).
     python bench/supernet.py [--max-len 512] [--subnets 24] [--supernet-steps 3000] [--standalone-steps 1000]
                              [--proxy-steps 200] [--spaces default,per_layer] [--train-threads 2]
                              [--sampling uniform,sandwich,progressive] [--sandwich-random 2] [--warm-start STEPS]
+                             [--inherited-finetune STEPS]
                              [--supernet-work DIR [--checkpoint-every 200]] [--device cpu|cuda]
                              [--json out.json] [--ledger runs/ranking.jsonl [--truth-only] [--max-new N] [--only I,J]
                              [--train-seed K] [--truth-seeds K,L]] [--scores runs/inherited.jsonl]
