@@ -457,12 +457,13 @@ def score_with_supernet(space, subnets: list, task, rule: str, args, *, passes: 
         inherited, loss = accuracy_and_loss(extract_subnet(sn, cfg).to(args.device), task, "valid")
         scores.append({"config": describe_config(cfg), "inherited_valid": inherited, "inherited_loss": loss,
                        "score_s": time.perf_counter() - t0})  # fmt: skip
-    for i, (cfg, score) in enumerate(zip(subnets, scores, strict=True)) if args.inherited_finetune else ():
-        score.update(finetuned(sn, cfg, task, args))
-        print(f"  [{space.name} {rule} {i + 1}/{len(subnets)}] fine-tuned {args.inherited_finetune} steps from the "
-              f"inherited weights: valid {score['finetuned_valid']:.4f}, loss {score['finetuned_loss']:.4f} (was "
-              f"{score['inherited_valid']:.4f}, {score['inherited_loss']:.4f}; {score['finetune_s']:.0f} s)",
-              file=sys.stderr, flush=True)  # fmt: skip
+    if args.inherited_finetune:  # (after every inherited score: the supernet's weights are not trained further)
+        for i, (cfg, score) in enumerate(zip(subnets, scores, strict=True)):
+            score.update(finetuned(sn, cfg, task, args))
+            print(f"  [{space.name} {rule} {i + 1}/{len(subnets)}] fine-tuned {args.inherited_finetune} steps from "
+                  f"the inherited weights: valid {score['finetuned_valid']:.4f}, loss {score['finetuned_loss']:.4f} "
+                  f"(was {score['inherited_valid']:.4f}, {score['inherited_loss']:.4f}; {score['finetune_s']:.0f} s)",
+                  file=sys.stderr, flush=True)  # fmt: skip
     print(f"  [{space.name} {rule}] supernet {record['subnet_passes']} subnet passes in {supernet_s:.0f} s (final "
           f"loss {record['final_loss']:.3f}, reference subnet {record['reference_valid']:.4f} validation); "
           f"{len(scores)} subnets scored", file=sys.stderr, flush=True)  # fmt: skip
@@ -582,17 +583,16 @@ def rank(run: dict, subnets: list, truth_rows: list[dict | None]) -> dict:
         "standalone_rows": len(alike),
         **{f"pick_by_{name}": pick(rows, SIGNALS[name]) for name in signals},
         "best": max(truth),
-        "within_width": within_width(rows),
+        "within_width": within_width(rows, [name for name in signals if name != "proxy"]),
     }  # fmt: skip
 
 
-def within_width(rows: list[dict]) -> dict:
-    """The inherited scores' tau (and p) among the subnets of the most common width only: what the supernet
-    says beyond "narrower first", which a score that merely encodes width would rank at chance."""
+def within_width(rows: list[dict], signals: list[str]) -> dict:
+    """The supernet's ``signals``' taus (and p) among the subnets of the most common width only: what the
+    supernet says beyond "narrower first", which a score that merely encodes width would rank at chance."""
     width = max(sorted({r["d_model"] for r in rows}), key=lambda w: sum(r["d_model"] == w for r in rows))
     group = [r for r in rows if r["d_model"] == width]
-    names = ("inherited", "inherited_loss", *(FINETUNED if "finetuned_valid" in rows[0] else ()))
-    return {"d_model": width, "subnets": len(group), **taus(group, [r["standalone_test"] for r in group], names)}
+    return {"d_model": width, "subnets": len(group), **taus(group, [r["standalone_test"] for r in group], signals)}
 
 
 def averaged(row: dict, by_seed: dict[int, float], seeds: list[int]) -> dict | None:
