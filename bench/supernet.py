@@ -67,6 +67,10 @@ subnets and ground truth unchanged, its scores kept apart): the supernet's own r
 trained STEPS steps from them with the proxy's recipe and ranked by its validation accuracy and loss then, in a
 table of its own beside the proxy (which trains ``--proxy-steps`` from new weights). Its cost is the supernet's
 plus STEPS steps a candidate, so it suits re-ranking a short list rather than scoring thousands.
+``--from-scratch STEPS`` is its control: each subnet trained STEPS steps from new weights with the same recipe
+(the proxy's, shortened or lengthened) and ranked by its validation accuracy and loss, in a table of its own
+(``--scratch-ledger`` keeps those figures, which do not depend on the supernet). At the fine-tune's STEPS it
+tells what the supernet's weights add to the training; at ``--proxy-steps`` it ranks the proxy by its loss too.
 
 ``--device cuda`` trains and scores on a CUDA GPU; ``bench/supernet_gpu.sh`` runs many such processes side by
 side on one GPU until a deadline (ground-truth rows, and two supernets) and gathers their ledger and scores
@@ -180,8 +184,10 @@ def _permutation_p(x: tuple[float, ...], y: tuple[float, ...], draws: int, seed:
 #: and the standalone search's proxy (a short training from new weights).
 SIGNALS = {"inherited": lambda r: r["inherited_valid"], "inherited_loss": lambda r: -r["inherited_loss"],
            "proxy": lambda r: r["proxy_valid"], "finetuned": lambda r: r["finetuned_valid"],
-           "finetuned_loss": lambda r: -r["finetuned_loss"]}  # fmt: skip
+           "finetuned_loss": lambda r: -r["finetuned_loss"], "scratch": lambda r: r["scratch_valid"],
+           "scratch_loss": lambda r: -r["scratch_loss"]}  # fmt: skip
 FINETUNED = ("finetuned", "finetuned_loss")  # (the signals only a run with --inherited-finetune has)
+SCRATCH = ("scratch", "scratch_loss")  # (the signals only a run with --from-scratch has)
 
 
 def taus(rows: list[dict], truth: list[float], signals) -> dict[str, float]:
@@ -478,15 +484,66 @@ def score_with_supernet(space, subnets: list, task, rule: str, args, *, passes: 
             "scores": scores}  # fmt: skip
 
 
-def finetuned(sn, cfg, task, args) -> dict:
-    """``cfg`` extracted from ``sn`` and trained ``--inherited-finetune`` steps from those weights with the
-    proxy's recipe (``--lr``, seed ``--train-seed``), then scored on the validation split: the inherited weights
-    as a start rather than a score (the proxy's training, shortened, from the supernet's weights)."""
+def trained_and_scored(cfg, task, steps: int, args, init=None) -> tuple[float, float, float]:
+    """``cfg`` trained ``steps`` steps with the proxy's recipe (``--lr``, seed ``--train-seed``) from ``init``'s
+    weights (None: new ones), then its validation accuracy and loss, and the seconds both took."""
     t0 = time.perf_counter()
-    settings = TrainSettings(steps=args.inherited_finetune, lr=args.lr, seed=args.train_seed, device=args.device)
-    trained = train_model(cfg, task, settings, progress=False, init=extract_subnet(sn, cfg))
+    settings = TrainSettings(steps=steps, lr=args.lr, seed=args.train_seed, device=args.device)
+    trained = train_model(cfg, task, settings, progress=False, init=init)
     valid, loss = accuracy_and_loss(trained.model.to(args.device), task, "valid")
-    return {"finetuned_valid": valid, "finetuned_loss": loss, "finetune_s": time.perf_counter() - t0}
+    return valid, loss, time.perf_counter() - t0
+
+
+def finetuned(sn, cfg, task, args) -> dict:
+    """``cfg`` extracted from ``sn``, trained ``--inherited-finetune`` steps from those weights, then scored on the
+    validation split: the inherited weights as a start rather than a score (the proxy's training, shortened,
+    from the supernet's weights)."""
+    valid, loss, seconds = trained_and_scored(cfg, task, args.inherited_finetune, args, init=extract_subnet(sn, cfg))
+    return {"finetuned_valid": valid, "finetuned_loss": loss, "finetune_s": seconds}
+
+
+class ScratchLedger:
+    """Each subnet trained ``--from-scratch`` steps from new weights with the proxy's recipe and scored on the
+    validation split (accuracy and loss), one JSON line each (``--scratch-ledger``): the fine-tune's control,
+    the same steps from new weights rather than the supernet's. They depend only on the subnet, the task and
+    the budget; lines of other budgets are kept and ignored."""
+
+    BUDGET = ("max_len", "n_train", "n_eval", "seed", "lr", "from_scratch", "train_seed", "pos_encoding")
+
+    def __init__(self, path: str, args) -> None:
+        self.path, self.budget = Path(path), {k: getattr(args, k) for k in self.BUDGET}
+        self.rows = {(doc["space"], doc["row"]["config"]): doc["row"] for doc in read_lines(self.path)
+                     if doc["budget"] == self.budget}  # fmt: skip
+
+    def get(self, space: str, cfg) -> dict | None:
+        return self.rows.get((space, describe_config(cfg)))
+
+    def add(self, space: str, row: dict) -> None:
+        self.rows[space, row["config"]] = row
+        append_line(self.path, {"space": space, "budget": self.budget, "machine": machine(), "row": row})
+
+
+def from_scratch(name: str, subnets: list, truth_rows: list[dict | None], task, args) -> list[dict | None]:
+    """``truth_rows`` with each measured subnet's ``--from-scratch`` figures added (``scratch_valid``,
+    ``scratch_loss``, ``scratch_s``): taken from ``--scratch-ledger``, or trained now (``--rank-only`` trains
+    none: a subnet without them exits naming it)."""
+    kept = ScratchLedger(args.scratch_ledger, args) if args.scratch_ledger else None
+    rows: list[dict | None] = []
+    for i, (cfg, row) in enumerate(zip(subnets, truth_rows, strict=True)):
+        figures = kept.get(name, cfg) if kept and row is not None else None
+        if row is not None and figures is None:
+            if args.rank_only:
+                raise SystemExit(f"--rank-only: subnet {i + 1} of {name} has no figures of {args.from_scratch} "
+                                 f"steps from new weights in {args.scratch_ledger}")  # fmt: skip
+            valid, loss, seconds = trained_and_scored(cfg, task, args.from_scratch, args)
+            figures = {"config": describe_config(cfg), "scratch_valid": valid, "scratch_loss": loss,
+                       "scratch_s": seconds}  # fmt: skip
+            if kept:
+                kept.add(name, figures)
+            print(f"  [{name} {i + 1}/{len(subnets)}] {args.from_scratch} steps from new weights: valid "
+                  f"{valid:.4f}, loss {loss:.4f} ({seconds:.0f} s)", file=sys.stderr, flush=True)  # fmt: skip
+        rows.append(None if row is None else {**row, **{k: v for k, v in figures.items() if k != "config"}})
+    return rows
 
 
 def sub_space(space, dim: str, value):
@@ -563,7 +620,8 @@ def rank(run: dict, subnets: list, truth_rows: list[dict | None]) -> dict:
     rows = [{**row, **score, "d_model": cfg.d_model}
             for score, cfg, row in zip(run["scores"], subnets, truth_rows) if row is not None]  # fmt: skip
     truth = [r["standalone_test"] for r in rows]
-    signals = [name for name in SIGNALS if name not in FINETUNED or run.get("inherited_finetune")]
+    signals = [name for name in SIGNALS if (name not in FINETUNED or run.get("inherited_finetune"))
+               and (name not in SCRATCH or all("scratch_valid" in r for r in rows))]  # fmt: skip
     alike = [r for r in rows if r.get("machine") == run["machine"]]
     return {
         **{k: v for k, v in run.items() if k not in ("scores", "budget")},
@@ -578,6 +636,7 @@ def rank(run: dict, subnets: list, truth_rows: list[dict | None]) -> dict:
         "score_s": sum(s["score_s"] for s in run["scores"]) / len(run["scores"]),
         **({"finetune_s": sum(s["finetune_s"] for s in run["scores"]) / len(run["scores"])}
            if "finetune_s" in run["scores"][0] else {}),
+        **({"scratch_s": sum(r["scratch_s"] for r in rows) / len(rows)} if "scratch" in signals else {}),
         # Seconds compare only on one machine and thread count: the rows measured where this supernet was.
         "standalone_s": sum(r["standalone_s"] for r in alike) / len(alike) if alike else float("nan"),
         "standalone_rows": len(alike),
@@ -612,6 +671,8 @@ def run_space(name: str, task, args, ledger: Ledger | None, scores: Scores | Non
     if len(args.truth_seeds) > 1 and not args.truth_only:
         truth_rows = [averaged(row, ledger.repeats.get((name, row["config"]), {}), args.truth_seeds)
                       if row is not None else None for row in truth_rows]  # fmt: skip
+    if args.from_scratch and not args.truth_only:
+        truth_rows = from_scratch(name, subnets, truth_rows, task, args)
     measured = sum(row is not None for row in truth_rows)
     if measured < len(subnets) or args.truth_only or args.train_seed != args.seed:
         print(f"  [{name}] standalone figures of {measured} of {len(subnets)} subnets"
@@ -886,6 +947,12 @@ def main() -> int:
     p.add_argument("--inherited-finetune", type=int, default=0, metavar="STEPS", help="also train each subnet "
                    "STEPS steps from its inherited weights (the proxy's recipe) and rank by its validation accuracy "
                    "and loss then: the supernet's weights as a start rather than a score")  # fmt: skip
+    p.add_argument("--from-scratch", type=int, default=0, metavar="STEPS", help="also train each ranked subnet "
+                   "STEPS steps from new weights (the proxy's recipe) and rank by its validation accuracy and loss "
+                   "then: the --inherited-finetune's control (the same steps from another start), and the proxy "
+                   "ranked by its loss")  # fmt: skip
+    p.add_argument("--scratch-ledger", metavar="JSONL", help="keep the --from-scratch figures here as they are "
+                   "measured, and take those it holds")  # fmt: skip
     p.add_argument("--warm-start", type=int, default=0, metavar="STEPS", help="warm-start each supernet from the "
                    "space's reference trained alone this many steps (0: from new weights)")  # fmt: skip
     p.add_argument("--supernet-work", metavar="DIR", help="keep each supernet's checkpoints (and the warm start's "
@@ -1144,6 +1211,26 @@ def print_ranking(task, args) -> dict:
                   f"{picked(r['pick_by_finetuned'])} / {picked(r['pick_by_finetuned_loss'])} / "
                   f"{picked(r['pick_by_proxy'])} / {r['best']:.4f} | {r['finetune_s']:.0f} | "
                   f"{task.chance('test'):.4f} |")  # fmt: skip
+    scratch: dict[str, dict] = {}  # each space's first ranking (the figures are the same in its others)
+    for r in results:
+        if "scratch_s" in r:
+            scratch.setdefault(r["space"], r)
+    if scratch:
+        print()
+        print(f"From new weights: each subnet trained {args.from_scratch} steps from new weights with the proxy's "
+              "recipe, then scored on the validation split (the fine-tune's control: the same recipe from another "
+              "start; one row per space, as it does not depend on the supernet)")  # fmt: skip
+        print("| space | steps | tau accuracy / loss (p) | the same within one width (p) | standalone test of the "
+              "pick by accuracy / loss / best | seconds per candidate | chance |")  # fmt: skip
+        print("|---|---|---|---|---|---|---|")
+        for r in scratch.values():
+            within = r["within_width"]
+            print(f"| {r['space']} | {args.from_scratch} | {ranked(r['tau_scratch'], r['p_scratch'])} / "
+                  f"{ranked(r['tau_scratch_loss'], r['p_scratch_loss'])} | d{within['d_model']} "
+                  f"({within['subnets']}): {ranked(within['tau_scratch'], within['p_scratch'])} / "
+                  f"{ranked(within['tau_scratch_loss'], within['p_scratch_loss'])} | "
+                  f"{picked(r['pick_by_scratch'])} / {picked(r['pick_by_scratch_loss'])} / {r['best']:.4f} | "
+                  f"{r['scratch_s']:.0f} | {task.chance('test'):.4f} |")  # fmt: skip
     print()
     print("Cost")
     print(
