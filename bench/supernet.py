@@ -199,6 +199,24 @@ def taus(rows: list[dict], truth: list[float], signals) -> dict[str, float]:
     return out
 
 
+def paired_difference(
+    a: list[float], b: list[float], truth: list[float], draws: int = 2000, seed: int = 0
+) -> dict[str, float]:
+    """``tau(a, truth) - tau(b, truth)`` and its 90% interval over the subnets resampled with replacement (a
+    paired bootstrap: both signals ranked on each draw's subnets; draws where either tau is undefined are
+    left out): whether one signal ranks better than the other beyond the luck of which subnets were drawn."""
+    rng = np.random.default_rng(seed)
+    a_, b_, t_ = np.asarray(a), np.asarray(b), np.asarray(truth)
+    diffs = []
+    for _ in range(draws):
+        i = rng.integers(0, len(t_), len(t_))
+        diff = tau(list(a_[i]), list(t_[i])) - tau(list(b_[i]), list(t_[i]))
+        if diff == diff:
+            diffs.append(diff)
+    lo, hi = np.percentile(diffs, [5, 95]) if diffs else (float("nan"), float("nan"))
+    return {"difference": tau(a, truth) - tau(b, truth), "low": float(lo), "high": float(hi)}
+
+
 def noise_ceiling(values: list[float], noise_sd: float, draws: int = 2000, seed: int = 0) -> tuple[float, float, float]:
     """The tau a perfect ranker would reach against ground-truth figures ``values`` measured with noise ``noise_sd``.
 
@@ -637,6 +655,10 @@ def rank(run: dict, subnets: list, truth_rows: list[dict | None]) -> dict:
         **({"finetune_s": sum(s["finetune_s"] for s in run["scores"]) / len(run["scores"])}
            if "finetune_s" in run["scores"][0] else {}),
         **({"scratch_s": sum(r["scratch_s"] for r in rows) / len(rows)} if "scratch" in signals else {}),
+        # The fine-tune against its control (--from-scratch at any steps), each by accuracy and by loss.
+        **({f"finetuned_minus_scratch{loss}": paired_difference(
+                [SIGNALS[f"finetuned{loss}"](r) for r in rows], [SIGNALS[f"scratch{loss}"](r) for r in rows], truth)
+            for loss in ("", "_loss")} if "scratch" in signals and "finetuned" in signals else {}),
         # Seconds compare only on one machine and thread count: the rows measured where this supernet was.
         "standalone_s": sum(r["standalone_s"] for r in alike) / len(alike) if alike else float("nan"),
         "standalone_rows": len(alike),
@@ -1221,8 +1243,13 @@ def print_ranking(task, args) -> dict:
               "recipe, then scored on the validation split (the fine-tune's control: the same recipe from another "
               "start; one row per space, as it does not depend on the supernet)")  # fmt: skip
         print("| space | steps | tau accuracy / loss (p) | the same within one width (p) | standalone test of the "
-              "pick by accuracy / loss / best | seconds per candidate | chance |")  # fmt: skip
-        print("|---|---|---|---|---|---|---|")
+              "pick by accuracy / loss / best | seconds per candidate | tau of the fine-tune minus this, by "
+              "accuracy / loss (90% interval, paired bootstrap over the subnets) | chance |")  # fmt: skip
+        print("|---|---|---|---|---|---|---|---|")
+
+        def minus(d: dict | None) -> str:
+            return f"{d['difference']:+.3f} ({d['low']:+.2f} to {d['high']:+.2f})" if d else "-"
+
         for r in scratch.values():
             within = r["within_width"]
             print(f"| {r['space']} | {args.from_scratch} | {ranked(r['tau_scratch'], r['p_scratch'])} / "
@@ -1230,7 +1257,8 @@ def print_ranking(task, args) -> dict:
                   f"({within['subnets']}): {ranked(within['tau_scratch'], within['p_scratch'])} / "
                   f"{ranked(within['tau_scratch_loss'], within['p_scratch_loss'])} | "
                   f"{picked(r['pick_by_scratch'])} / {picked(r['pick_by_scratch_loss'])} / {r['best']:.4f} | "
-                  f"{r['scratch_s']:.0f} | {task.chance('test'):.4f} |")  # fmt: skip
+                  f"{r['scratch_s']:.0f} | {minus(r.get('finetuned_minus_scratch'))} / "
+                  f"{minus(r.get('finetuned_minus_scratch_loss'))} | {task.chance('test'):.4f} |")  # fmt: skip
     print()
     print("Cost")
     print(
