@@ -1241,7 +1241,8 @@ def print_ranking(task, args) -> dict:
         print()
         print(f"From new weights: each subnet trained {args.from_scratch} steps from new weights with the proxy's "
               "recipe, then scored on the validation split (the fine-tune's control: the same recipe from another "
-              "start; one row per space, as it does not depend on the supernet)")  # fmt: skip
+              "start; one row per space, as it does not depend on the supernet, set beside the space's first ranked "
+              "supernet's fine-tune)")  # fmt: skip
         print("| space | steps | tau accuracy / loss (p) | the same within one width (p) | standalone test of the "
               "pick by accuracy / loss / best | seconds per candidate | tau of the fine-tune minus this, by "
               "accuracy / loss (90% interval, paired bootstrap over the subnets) | chance |")  # fmt: skip
