@@ -34,7 +34,7 @@ import torch
 
 import xsearch
 from xsearch.latency import measure
-from xsearch.search import SearchSettings, is_feasible, run_search, trial_latency_ms, trial_metric
+from xsearch.search import SearchSettings, is_feasible, run_search, trial_latency_ms, trial_task_metric
 from xsearch.search_spaces import load_space_for_task
 from xsearch.settings import parse_assignments
 from xsearch.tasks import get_task
@@ -56,7 +56,7 @@ def summarize(study: optuna.Study, budget_ms: float, target: float | None, first
     for t in trials:
         steps += int(t.user_attrs.get("train_steps") or 0)
         if within_budget(t, budget_ms):
-            best = max(best, trial_metric(t))
+            best = max(best, trial_task_metric(t))
             if target is not None and reached is None and best >= target:
                 reached = steps
     pruned = [t.user_attrs.get("pruned", "") for t in trials if t.state.name == "PRUNED"]

@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from xsearch.pipeline import load_pipeline_config, run_pipeline
     from xsearch.pipeline.summary import print_summary, summary_markdown
-    from xsearch.search import describe_trial, reference_trial, trial_latency_ms, trial_metric
+    from xsearch.search import describe_trial, reference_trial, trial_latency_ms, trial_task_metric
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--name", default="bench-lo1024")
@@ -75,13 +75,14 @@ def main(argv: list[str] | None = None) -> int:
     ref = reference_trial(study)
     done = [t for t in study.get_trials(deepcopy=False) if t.state == optuna.trial.TrialState.COMPLETE]
     fast = [t for t in done if trial_latency_ms(ref) / trial_latency_ms(t) >= args.min_speedup]
-    best = max(fast, key=lambda t: trial_metric(t), default=None)
+    best = max(fast, key=lambda t: trial_task_metric(t), default=None)
     print(f"\n## Search ({len(done)} complete trials, ListOps max_len {args.max_len}, {args.search_steps} steps each)")
     print("| trial | architecture | valid accuracy | latency ms | speedup | delta |\n|---|---|---|---|---|---|")
     for t in [ref] + ([best] if best else []):
         label = f"{t.number} (reference)" if t is ref else str(t.number)
-        speedup, delta = trial_latency_ms(ref) / trial_latency_ms(t), 100 * (trial_metric(t) - trial_metric(ref))
-        print(f"| {label} | {describe_trial(t)} | {trial_metric(t):.4f} | {trial_latency_ms(t):.2f} | {speedup:.2f}x | "
+        accuracy = trial_task_metric(t)
+        speedup, delta = trial_latency_ms(ref) / trial_latency_ms(t), 100 * (accuracy - trial_task_metric(ref))
+        print(f"| {label} | {describe_trial(t)} | {accuracy:.4f} | {trial_latency_ms(t):.2f} | {speedup:.2f}x | "
               f"{delta:+.1f} pts |")  # fmt: skip
     if best is None:
         print(f"no trial at least {args.min_speedup}x faster than the reference")
@@ -90,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     print_summary(summary)
     v = summary["shipped_vs_reference"]
     verdict = {
-        "search_ok": best is not None and 100 * (trial_metric(best) - trial_metric(ref)) >= -1.0,
+        "search_ok": best is not None and 100 * (trial_task_metric(best) - trial_task_metric(ref)) >= -1.0,
         "pipeline_ok": v["speedup"] >= 5 and v["smaller"] >= 3.7 and v["metric_delta_points"] >= -1.0,
     }
     print(json.dumps(verdict))

@@ -34,7 +34,12 @@ def test_search_end_to_end_resume_and_report(tmp_path, capsys, caplog):
     s = settings(tmp_path, max_latency_ms=1e9)
     run_search(s, progress=False)
     study = optuna.load_study(study_name="t", storage=s.storage)
-    assert [d.name for d in study.directions] == ["MAXIMIZE", "MINIMIZE"]
+    # ranked by the validation loss (the default), the accuracy recorded beside it
+    assert [d.name for d in study.directions] == ["MINIMIZE", "MINIMIZE"]
+    assert study.metric_names == ["valid_loss", "latency_ms"] and study.user_attrs["metric"] == "valid_loss"
+    task = xsearch.tasks.get_task("listops", **TASK_OPTS)
+    assert study.user_attrs["chance"]["valid"] == task.loss_chance("valid")
+    assert study.user_attrs["chances"]["accuracy"]["valid"] == task.chance("valid")
     trials = study.get_trials()
     assert len(trials) == 3 and all(t.state.name == "COMPLETE" for t in trials)
     first = trials[0]
@@ -47,7 +52,8 @@ def test_search_end_to_end_resume_and_report(tmp_path, capsys, caplog):
         assert cfg.max_len == 64 and cfg.n_classes == 10
         lat = t.user_attrs["latency"]
         assert lat["p10_ms"] <= lat["median_ms"] <= lat["p90_ms"] and lat["repeats"] == 3
-        assert t.values[1] == lat["median_ms"] and 0 <= t.values[0] <= 1
+        assert t.values[1] == lat["median_ms"] and t.values[0] == t.user_attrs["valid_loss"] > 0
+        assert 0 <= t.user_attrs["accuracy"] <= 1
         assert t.user_attrs["device"]["threads"] == 1
     # --trials is the study's total: re-running the finished study adds nothing and says so
     with caplog.at_level(logging.INFO, logger="xsearch.search"):
@@ -66,6 +72,12 @@ def test_search_end_to_end_resume_and_report(tmp_path, capsys, caplog):
     with (out / "trials.csv").open() as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 5 and rows[0]["reference"] == "True"
+    by_number = {t.number: t for t in trials}
+    for r in rows:  # the ranked loss with its chance level, and the accuracy with its own
+        t = by_number[int(r["number"])]
+        assert float(r["metric"]) == t.values[0] and float(r["chance"]) == round(task.loss_chance("valid"), 4)
+        assert float(r["accuracy"]) == t.user_attrs["accuracy"]
+        assert float(r["accuracy_chance"]) == round(task.chance("valid"), 4)
     front = json.loads((out / "front.json").read_text())["front"]
     assert front and all(xsearch.ModelConfig.from_dict(r["model_config"]) for r in front)
     assert "Pareto front" in capsys.readouterr().out
@@ -74,8 +86,9 @@ def test_search_end_to_end_resume_and_report(tmp_path, capsys, caplog):
     cfg_path = tmp_path / "config.json"
     assert main(["pick", "--storage", s.storage, "--study", "t", "--out", str(cfg_path)]) == 0
     picked = json.loads(cfg_path.read_text())
-    best = max((t for t in trials if t.state.name == "COMPLETE"), key=lambda t: (t.values[0], -t.values[1]))
-    assert picked["accuracy"] == best.values[0]
+    best = min((t for t in trials if t.state.name == "COMPLETE"), key=lambda t: (t.values[0], t.values[1]))
+    assert picked["valid_loss"] == best.values[0] and picked["accuracy"] == best.user_attrs["accuracy"]
+    assert picked["chance"] == task.loss_chance("valid") and picked["accuracy_chance"] == task.chance("valid")
     args = ["train", "--task", "listops", *sum((["--task-opt", f"{k}={v}"] for k, v in TASK_OPTS.items()), []),
             "--config", str(cfg_path), "--steps", "2", "--quiet", "--out", str(tmp_path / "m")]  # fmt: skip
     assert main(args) == 0
@@ -201,7 +214,8 @@ def test_budgeted_search_prunes_over_budget_before_training_and_stops_weak_trial
         return should_prune(t)
 
     monkeypatch.setattr(optuna.trial.Trial, "should_prune", prune_once)
-    s = settings(tmp_path, objective="accuracy", max_latency_ms=0.6, trials=3, train_steps=16, sampler="random")
+    s = settings(tmp_path, objective="accuracy", max_latency_ms=0.6, trials=3, train_steps=16, sampler="random",
+                 rank_by="accuracy")  # fmt: skip
     assert s.pruner == "hyperband"
     study = run_search(s, progress=False)
     assert [d.name for d in study.directions] == ["MAXIMIZE"]
@@ -247,7 +261,21 @@ def test_budgeted_search_prunes_over_budget_before_training_and_stops_weak_trial
     assert f"over budget before training, {early} stopped early" in printed and "Pareto front" in printed
     # a study keeps its kind: resuming it as a two-objective search is an error that says so
     with pytest.raises(ValueError, match="single-objective"):
-        run_search(settings(tmp_path, max_latency_ms=1.0, trials=4), progress=False)
+        run_search(settings(tmp_path, max_latency_ms=1.0, trials=4, rank_by="accuracy"), progress=False)
+    # and what it ranks by
+    with pytest.raises(ValueError, match=r"\['accuracy'\].*rank_by 'loss'"):
+        run_search(settings(tmp_path, objective="accuracy", max_latency_ms=0.6, trials=4), progress=False)
+
+
+def test_a_budgeted_search_ranked_by_loss_reports_the_loss_to_its_pruner(tmp_path):
+    s = settings(tmp_path, objective="accuracy", max_latency_ms=1e9, trials=2, train_steps=8, pruner="none")
+    study = run_search(s, progress=False)
+    assert [d.name for d in study.directions] == ["MINIMIZE"] and study.metric_names == ["valid_loss"]
+    for t in study.get_trials():
+        assert t.value == t.user_attrs["valid_loss"] and list(t.intermediate_values) == [1, 2, 3, 4, 5, 6, 7, 8]
+        # the last report is the loss of the weights scored (the validation split is one batch of 32)
+        assert t.intermediate_values[8] == pytest.approx(t.value)
+    assert pick(study).value == min(t.value for t in study.get_trials())
 
 
 def test_budgeted_search_settings_errors(tmp_path):
@@ -340,10 +368,10 @@ def test_a_study_reads_well_in_optuna_dashboard(tmp_path):
 
     (summary,) = [x for x in get("/api/studies")["study_summaries"] if x["study_name"] == "t"]
     detail = get(f"/api/studies/{summary['study_id']}")
-    assert detail["objective_names"] == ["accuracy", "latency_ms"]
+    assert detail["objective_names"] == ["valid_loss", "latency_ms"]
     trial = detail["trials"][0]
     keys = {a["key"] for a in trial["user_attrs"]}
-    assert {"model_config", "latency", "reference", "accuracy", "n_parameters", "constraints"} <= keys
+    assert {"model_config", "latency", "reference", "accuracy", "valid_loss", "n_parameters", "constraints"} <= keys
     shown = json.loads(next(a["value"] for a in trial["user_attrs"] if a["key"] == "constraints"))
     assert list(shown) == ["params"] and shown["params"] <= 0  # the parameter budget, met
     study_keys = {a["key"] for a in detail["user_attrs"]}

@@ -422,6 +422,18 @@ def test_chance_is_the_majority_share_of_the_split():
         t.chance("dev")
 
 
+def test_the_loss_chance_is_the_entropy_of_the_splits_label_frequencies():
+    t = get_task("listops", n_train=60, n_valid=30, n_test=25, min_len=8, max_len=32, max_depth=4, seed=5)
+    for split in ("valid", "test"):
+        labels = torch.tensor([int(y) for _, _, ys in t.batches(split, 16) for y in ys])
+        prior = torch.bincount(labels, minlength=10).double() / len(labels)
+        # the cross-entropy of always answering the split's label frequencies, which no constant answer beats
+        always = torch.nn.functional.cross_entropy(prior.clamp_min(1e-12).log().expand(len(labels), 10), labels)
+        assert t.loss_chance(split) == pytest.approx(always.item(), rel=1e-9)
+        other = torch.full((len(labels), 10), 0.1).log()  # uniform: no better
+        assert t.loss_chance(split) <= torch.nn.functional.cross_entropy(other, labels).item()
+
+
 def test_chance_of_a_text_task(tmp_path):
     tr, te = tmp_path / "tr.jsonl", tmp_path / "te.jsonl"
     tr.write_text("".join(json.dumps({"text": f"t{i}", "label": "a" if i % 4 else "b"}) + "\n" for i in range(20)))

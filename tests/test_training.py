@@ -52,6 +52,35 @@ def test_divergence_is_reported(task):
         xsearch.train(model, task, steps=5, progress=False)
 
 
+def test_evaluate_score_is_the_accuracy_and_the_mean_cross_entropy_of_one_pass(task):
+    model = small_model(task)
+    xsearch.train(model, task, steps=20, batch_size=32, lr=3e-3, progress=False)
+    score = xsearch.evaluate_score(model, task, "valid")
+    logits, labels = [], []
+    with torch.no_grad():  # an independent pass: the split in its own order, one example at a time
+        for ids, mask, ys in task.batches("valid", 1):
+            logits.append(model(ids, mask))
+            labels.append(ys)
+    logits, labels = torch.cat(logits), torch.cat(labels)
+    assert score.metric == xsearch.evaluate(model, task, "valid")
+    assert score.metric == pytest.approx((logits.argmax(-1) == labels).double().mean().item())
+    assert score.loss == pytest.approx(torch.nn.functional.cross_entropy(logits, labels).item(), rel=1e-5)
+    # the validation points of a training run record both, from the weights they were taken with
+    result = xsearch.train(model, task, steps=4, batch_size=32, lr=1e-3, eval_batches=None, progress=False)
+    last = xsearch.evaluate_score(model, task, "valid")
+    assert (result.history[-1]["valid"], result.history[-1]["valid_loss"]) == (last.metric, last.loss)
+
+
+def test_the_loss_of_lm_is_its_bits_per_byte_in_nats():
+    t = get_task("lm", max_len=32)
+    model = xsearch.build_model(
+        xsearch.ModelConfig(**t.model_fields(), d_model=32, n_layers=1, n_heads=2, attention="linear")
+    )
+    score = xsearch.evaluate_score(model, t, "test", max_batches=2)
+    assert score.loss == pytest.approx(score.metric * math.log(2))
+    assert t.loss_chance("valid") == pytest.approx(t.chance("valid") * math.log(2))
+
+
 def test_lm_bits_per_byte():
     t = get_task("lm", max_len=32)
     model = xsearch.build_model(

@@ -33,7 +33,7 @@ COMMANDS = {
     "adapt": ("training", "fit task adapters (bottleneck or LoRA) to a saved model"),
     "search": ("search", "hardware-aware architecture search (Optuna; one or many workers)"),
     "report": ("search", "Pareto plots, trials.csv and front.json of a study"),
-    "pick": ("search", "the most accurate feasible trial under a latency budget, as config.json"),
+    "pick": ("search", "the best feasible trial under a latency budget, as config.json"),
     "supernet": ("supernet", "a weight-sharing supernet over a space: train it (resumable), extract subnets"),
     "latency": ("latency", "latency data and the latency predictor (sweep, fit, predict)"),
     "compress": ("compress", "prune, fine-tune (optionally distil), quantize; before/after table"),

@@ -58,6 +58,7 @@ def print_front(study) -> None:
         study_chance,
         trial_latency_ms,
         trial_metric,
+        trial_task_metric,
     )
 
     ref = reference_trial(study)
@@ -69,16 +70,28 @@ def print_front(study) -> None:
         print("no feasible completed trial yet")
         return
     chance = study_chance(study)
-    level = "" if chance is None else f"; chance level (validation) {chance:.4f}"
-    print(f"Pareto front ({len(front)} trials), against the reference Transformer{level}:")
-    print(f"  {'#':>4s}  {metric:>13s}  {'latency ms':>10s}  {'speedup':>8s}  {'delta':>8s}  architecture")
+    # a study ranked by the validation loss shows the accuracy beside it, with its chance level
+    also = "accuracy" if metric == "valid_loss" and study_chance(study, "accuracy") is not None else None
+    levels = [(metric, chance)] + ([(also, study_chance(study, also))] if also else [])
+    level = ", ".join(f"{name} {value:.4f}" for name, value in levels if value is not None)
+    print(f"Pareto front ({len(front)} trials), against the reference Transformer"
+          + (f"; chance level (validation) {level}" if level else "") + ":")  # fmt: skip
+    extra = f"  {also:>9s}" if also else ""
+    print(f"  {'#':>4s}  {metric:>13s}{extra}  {'latency ms':>10s}  {'speedup':>8s}  {'delta':>8s}  architecture")
+
+    def task_metric(t) -> str:
+        value = trial_task_metric(t)
+        return "" if not also else f"  {value:9.4f}" if value is not None else f"  {'-':>9s}"
+
     for t in front:
         value, lat = trial_metric(t), trial_latency_ms(t)
         speed = f"{trial_latency_ms(ref) / lat:.2f}x" if ref else "-"
         delta = f"{value - trial_metric(ref):+.4f}" if ref else "-"
-        print(f"  {t.number:4d}  {value:13.4f}  {lat:10.2f}  {speed:>8s}  {delta:>8s}  {describe_trial(t)}")
+        print(f"  {t.number:4d}  {value:13.4f}{task_metric(t)}  {lat:10.2f}  {speed:>8s}  {delta:>8s}  "
+              f"{describe_trial(t)}")  # fmt: skip
     if ref:
-        print(f"  reference #{ref.number}: {metric} {trial_metric(ref):.4f}, {trial_latency_ms(ref):.2f} ms")
+        also_ref = f" ({also} {trial_task_metric(ref):.4f})" if also and trial_task_metric(ref) is not None else ""
+        print(f"  reference #{ref.number}: {metric} {trial_metric(ref):.4f}{also_ref}, {trial_latency_ms(ref):.2f} ms")
 
 
 def _print_pruning(study) -> None:
@@ -106,7 +119,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_pick(args: argparse.Namespace) -> int:
     from xsearch.search.report import pick
-    from xsearch.search.study import describe_trial, trial_latency_ms, trial_metric
+    from xsearch.search.study import describe_trial, study_chance, trial_latency_ms, trial_metric, trial_task_metric
     from xsearch.serialization import atomic_write_text
     from xsearch.storage import load_study
 
@@ -117,15 +130,18 @@ def cmd_pick(args: argparse.Namespace) -> int:
     study = load_study(args.storage, args.study)
     t = pick(study, settings)
     value, latency = trial_metric(t), trial_latency_ms(t)
+    metric = study.user_attrs.get("metric", "metric")
     doc = {
         "model": t.user_attrs["model_config"],
         "trial": t.number,
         "study": study.study_name,
-        study.user_attrs.get("metric", "metric"): value,
-        "chance": (study.user_attrs.get("chance") or {}).get("valid"),
+        metric: value,
+        "chance": study_chance(study),
         "latency_ms": latency,
         "task": study.user_attrs.get("task"),
     }
+    if metric == "valid_loss" and trial_task_metric(t) is not None:  # and the accuracy, with its chance level
+        doc |= {"accuracy": trial_task_metric(t), "accuracy_chance": study_chance(study, "accuracy")}
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out, json.dumps(doc, indent=2, default=str))
     print(f"picked trial {t.number}: {describe_trial(t)} ({value:.4f}, {latency:.2f} ms) -> {out}")

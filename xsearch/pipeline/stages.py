@@ -186,9 +186,10 @@ def run_report_stage(ctx: RunContext, work: Path) -> dict[str, Any]:
 
 
 def run_pick_stage(ctx: RunContext, work: Path) -> dict[str, Any]:
-    """The most accurate feasible trial within the latency budget (absolute and/or relative to the reference)."""
+    """The best feasible trial (by what the search ranks by) within the latency budget (absolute and/or relative to
+    the reference)."""
     from xsearch.search.report import pick, pick_budget
-    from xsearch.search.study import describe_trial, reference_trial, trial_latency_ms, trial_metric
+    from xsearch.search.study import describe_trial, reference_trial, trial_latency_ms, trial_metric, trial_task_metric
 
     study = ctx.study()
     ref = reference_trial(study)
@@ -202,10 +203,13 @@ def run_pick_stage(ctx: RunContext, work: Path) -> dict[str, Any]:
             "search.trials and re-run with --redo-from search"
         ) from None
     metric, latency = trial_metric(chosen), trial_latency_ms(chosen)
-    ctx.echo(f"  picked trial {chosen.number}: {describe_trial(chosen)} ({metric:.4f}, {latency:.2f} ms; "
-             f"reference {ref_ms:.2f} ms)")  # fmt: skip
+    ranked, task_metric = study.user_attrs.get("metric", "metric"), trial_task_metric(chosen)
+    also = "" if ranked == _metric_name(ctx) or task_metric is None else f", {_metric_name(ctx)} {task_metric:.4f}"
+    ctx.echo(f"  picked trial {chosen.number}: {describe_trial(chosen)} ({ranked} {metric:.4f}{also}, "
+             f"{latency:.2f} ms; reference {ref_ms:.2f} ms)")  # fmt: skip
     return {
         "trial": chosen.number, "model_config": chosen.user_attrs["model_config"], "search_metric": metric,
+        "search_metric_name": ranked, "search_task_metric": task_metric,
         "search_latency_ms": latency, "budget_ms": budget, "reference_trial": ref.number,
         "reference_config": ref.user_attrs["model_config"], "reference_metric": trial_metric(ref),
         "reference_latency_ms": ref_ms,

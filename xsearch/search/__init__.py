@@ -8,6 +8,10 @@ Two kinds of study:
   before training and an over-budget trial is pruned before any training step; training reports
   the validation metric so a pruner (Hyperband by default, or median) stops weak candidates early.
 
+What "task metric" means here is ``rank_by``'s: the validation cross-entropy (``valid_loss``, the default) or
+the accuracy of a classification task, bits per byte of ``lm``. Trials record the accuracy and the loss either
+way, and every reader shows the accuracy beside the loss, each with its chance level.
+
 The first trial of every study (trial 0) is the reference Transformer (``full`` attention at the
 space's reference size), so each result reads as "x times faster than the Transformer, y points of
 accuracy". Each trial stores its ``ModelConfig`` and measurements in ``user_attrs`` (latency always
@@ -27,11 +31,11 @@ from xsearch._lazy import by_module, lazy_names
 _LAZY = by_module(
     {
         "xsearch.search.settings": "SearchSettings StudySettings PickSettings DEFAULT_STORAGE SAMPLERS OBJECTIVES "
-        "PRUNERS",
+        "RANK_BY PRUNERS",
         "xsearch.search.run": "run_search",
         "xsearch.search.objective": "Objective",
-        "xsearch.search.study": "open_study metric_name trial_metric trial_latency_ms is_feasible pareto_front "
-        "reference_trial describe_trial study_chance state_counts",
+        "xsearch.search.study": "open_study metric_name search_metric trial_metric trial_task_metric trial_latency_ms "
+        "is_feasible pareto_front reference_trial describe_trial study_chance state_counts",
         "xsearch.search.report": "pick write_report",
     }
 )

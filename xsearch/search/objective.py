@@ -15,13 +15,22 @@ import optuna
 from xsearch.errors import XSearchError
 from xsearch.search.sampling import report_every
 from xsearch.search.settings import SearchSettings
-from xsearch.search.study import constraints, metric_name
+from xsearch.search.study import LOSS_METRIC, constraints, metric_name, search_metric
 from xsearch.search.workers import SURPLUS, within_total
 
 log = logging.getLogger("xsearch.search")
 
 #: ``user_attrs`` a duplicate copies from the trial it repeats (with ``duplicate_of`` naming it).
-COPIED_ATTRS = ("n_parameters", "latency", "device", "latency_predicted_ms", "accuracy", "bits_per_byte", "pruned")
+COPIED_ATTRS = (
+    "n_parameters",
+    "latency",
+    "device",
+    "latency_predicted_ms",
+    "accuracy",
+    "bits_per_byte",
+    LOSS_METRIC,
+    "pruned",
+)
 
 
 def constrain(trial: optuna.Trial, name: str, value: float) -> None:
@@ -55,6 +64,7 @@ class Objective:
         self.space = space
         self.cache = cache
         self.single = settings.objective == "accuracy"
+        self.metric = search_metric(settings, task.kind)  # what a trial returns (and reports to the pruner)
         self.current: int | None = None  # the number of the trial this worker runs now (or ran last)
         self.reference = False  # whether that trial is the reference (never pruned: the baseline of the report)
         self.seq_len = settings.seq_len or task.max_len
@@ -131,19 +141,26 @@ class Objective:
         return metric if self.single else (metric, latency_ms)
 
     def _inherited(self, trial: optuna.Trial, model) -> float:
-        """The validation metric of the subnet with the supernet's weights (no training)."""
-        from xsearch.training import evaluate
+        """The validation score of the subnet with the supernet's weights (no training)."""
+        from xsearch.training import evaluate_score
 
         start = time.perf_counter()
-        metric = evaluate(model, self.task, "valid")
+        score = evaluate_score(model, self.task, "valid")
         trial.set_user_attr("train_steps", 0)
         trial.set_user_attr("train_seconds", 0.0)
         trial.set_user_attr("score_seconds", round(time.perf_counter() - start, 3))
         trial.set_user_attr("inherited_from", str(self.s.supernet))
-        trial.set_user_attr(metric_name(self.task.kind), metric)
-        if not math.isfinite(metric):
-            raise RuntimeError(f"validation metric is {metric}")
-        return metric
+        return self._scored(trial, score)
+
+    def _scored(self, trial: optuna.Trial, score) -> float:
+        """Record a validation :class:`~xsearch.training.Score` in the trial; return what the trial is ranked by."""
+        trial.set_user_attr(metric_name(self.task.kind), score.metric)
+        if self.task.kind != "lm":
+            trial.set_user_attr(LOSS_METRIC, score.loss)
+        value = score.loss if self.metric == LOSS_METRIC else score.metric
+        if not math.isfinite(value):
+            raise RuntimeError(f"validation {self.metric} is {value}")
+        return value
 
     @staticmethod
     def _finished_twin(trials, number: int, config: dict[str, Any]) -> optuna.trial.FrozenTrial | None:
@@ -222,18 +239,18 @@ class Objective:
 
     def _train(self, trial: optuna.Trial, model) -> float:
         """Train within the per-trial budget; a single-objective study reports validation to its pruner."""
-        from xsearch.training import evaluate, train
+        from xsearch.training import evaluate_score, train
         from xsearch.training.device import moved_to, resolve_device
 
         start = time.perf_counter()
-        metric_key = metric_name(self.task.kind)
+        reported = "valid_loss" if self.metric == LOSS_METRIC else "valid"  # the key of train()'s records
 
         def report(step: int, record: dict[str, Any]) -> None:
-            trial.report(record["valid"], step)
+            trial.report(record[reported], step)
             if not self.reference and trial.should_prune():
                 trial.set_user_attr("train_steps", step)
                 trial.set_user_attr("train_seconds", round(time.perf_counter() - start, 2))
-                self._prune(trial, f"stopped early at step {step}: {metric_key} {record['valid']:.4f}")
+                self._prune(trial, f"stopped early at step {step}: {self.metric} {record[reported]:.4f}")
 
         with moved_to(model, resolve_device(self.s.train_device)):  # trained and validated there
             result = train(
@@ -241,10 +258,7 @@ class Objective:
                 batch_size=self.s.batch_size, lr=self.s.lr, seed=self.s.seed + trial.number, progress=False,
                 eval_every=report_every(self.s) if self.single else None, callback=report if self.single else None,
             )  # fmt: skip
-            metric = evaluate(model, self.task, "valid")
+            score = evaluate_score(model, self.task, "valid")
         trial.set_user_attr("train_seconds", round(result.seconds, 2))
         trial.set_user_attr("train_steps", result.steps)
-        trial.set_user_attr(metric_key, metric)
-        if not math.isfinite(metric):
-            raise RuntimeError(f"validation metric is {metric}")
-        return metric
+        return self._scored(trial, score)

@@ -13,6 +13,7 @@ import optuna
 from xsearch.errors import SettingError, XSearchError
 from xsearch.search.settings import PickSettings
 from xsearch.search.study import (
+    CHANCE_KIND,
     describe_trial,
     is_feasible,
     metric_is_maximized,
@@ -48,7 +49,19 @@ def _architecture_columns(cfg: dict[str, Any], attention: str) -> dict[str, Any]
     }
 
 
-def _row(t: optuna.trial.FrozenTrial, ref: optuna.trial.FrozenTrial | None, chance: float | None) -> dict[str, Any]:
+def other_metrics(study: optuna.Study) -> dict[str, float | None]:
+    """The validation scores a study's trials record besides the one they are ranked by (``accuracy`` in a study
+    ranked by ``valid_loss``, and the other way round), each with its chance level."""
+    ranked = study.user_attrs.get("metric")
+    return {m: study_chance(study, m) for m in study.user_attrs.get("chances") or {} if m != ranked}
+
+
+def _row(
+    t: optuna.trial.FrozenTrial,
+    ref: optuna.trial.FrozenTrial | None,
+    chance: float | None,
+    others: dict[str, float | None] | None = None,
+) -> dict[str, Any]:
     cfg = t.user_attrs.get("model_config") or {}
     lat = trial_latency_ms(t)
     complete = t.state == optuna.trial.TrialState.COMPLETE
@@ -73,6 +86,9 @@ def _row(t: optuna.trial.FrozenTrial, ref: optuna.trial.FrozenTrial | None, chan
         "pruned": t.user_attrs.get("pruned", ""),
         "error": t.user_attrs.get("error", ""),
     }
+    for name, level in (others or {}).items():  # the other validation scores, each with its chance level
+        row[name] = t.user_attrs.get(name, "") if complete else ""
+        row[f"{name}_chance"] = "" if level is None else round(level, 4)
     if ref is not None and complete and lat is not None:
         row["speedup_vs_reference"] = round(trial_latency_ms(ref) / lat, 3)
         row["metric_delta_vs_reference"] = round(trial_metric(t) - trial_metric(ref), 4)
@@ -82,9 +98,11 @@ def _row(t: optuna.trial.FrozenTrial, ref: optuna.trial.FrozenTrial | None, chan
 def write_report(study: optuna.Study, out: str | os.PathLike) -> dict[str, Any]:
     """Write ``pareto.html``, ``pareto.png``, ``trials.csv`` and ``front.json`` into ``out``.
 
-    Every row of ``trials.csv`` carries the task's chance level on the split the trials are scored on
-    (``chance``: the majority class, or a unigram model for ``lm``) and the metric's distance from it;
-    the plots draw it as a dashed line.
+    Every row of ``trials.csv`` carries the chance level, on the split the trials are scored on, of the metric they
+    are ranked by (``chance``: the label frequencies for ``valid_loss``, the majority class for ``accuracy``, a
+    unigram model for ``lm``) and the metric's distance from it; the plots draw it as a dashed line. The other
+    validation score a classification trial records (``accuracy`` in a study ranked by ``valid_loss``, and the
+    other way round) has a column of its own, with its chance level beside it.
 
     Returns:
         ``{"front": [...rows...], "reference": row | None, "metric": name, "chance": level | None}``.
@@ -93,9 +111,9 @@ def write_report(study: optuna.Study, out: str | os.PathLike) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     ref = reference_trial(study)
     metric = study.user_attrs.get("metric", "accuracy")
-    chance = study_chance(study)
+    chance, others = study_chance(study), other_metrics(study)
     trials = study.get_trials(deepcopy=False)
-    rows = [_row(t, ref, chance) for t in trials]
+    rows = [_row(t, ref, chance, others) for t in trials]
     tmp = out / f".trials.csv.tmp-{os.getpid()}"
     with tmp.open("w", newline="", encoding="utf-8") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["number"])
@@ -104,11 +122,15 @@ def write_report(study: optuna.Study, out: str | os.PathLike) -> dict[str, Any]:
     os.replace(tmp, out / "trials.csv")
     front = pareto_front(study)
     front_rows = [
-        {**_row(t, ref, chance), "model_config": t.user_attrs.get("model_config"), "description": describe_trial(t)}
+        {
+            **_row(t, ref, chance, others),
+            "model_config": t.user_attrs.get("model_config"),
+            "description": describe_trial(t),
+        }
         for t in front
     ]
     doc = {"study": study.study_name, "metric": metric, "chance": chance,
-           "reference": _row(ref, ref, chance) if ref else None, "front": front_rows}  # fmt: skip
+           "reference": _row(ref, ref, chance, others) if ref else None, "front": front_rows}  # fmt: skip
     atomic_write_text(out / "front.json", json.dumps(doc, indent=2, default=str))
     complete = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE and trial_latency_ms(t) is not None]
     _plot_html(complete, front, ref, metric, chance, out / "pareto.html")
@@ -117,8 +139,7 @@ def write_report(study: optuna.Study, out: str | os.PathLike) -> dict[str, Any]:
 
 
 def chance_label(metric: str, chance: float) -> str:
-    kind = "unigram model" if metric == "bits_per_byte" else "majority class"
-    return f"chance ({kind}) {chance:.3f}"
+    return f"chance ({CHANCE_KIND.get(metric, 'majority class')}) {chance:.3f}"
 
 
 def _points(trials):
@@ -210,7 +231,7 @@ def pick_budget(study: optuna.Study, settings: PickSettings | None = None) -> fl
 
 
 def pick(study: optuna.Study, settings: PickSettings | float | None = None) -> optuna.trial.FrozenTrial:
-    """The best (by the task metric) feasible COMPLETE trial within the budget (either kind of study).
+    """The best feasible COMPLETE trial within the budget, by what the study ranks by (either kind of study).
 
     Args:
         settings: ``PickSettings`` (or a latency budget in ms, or None: no budget).

@@ -11,7 +11,7 @@ from xsearch.errors import XSearchError
 from xsearch.search.objective import Objective
 from xsearch.search.progress import SearchProgress
 from xsearch.search.settings import SearchSettings
-from xsearch.search.study import metric_name, open_study
+from xsearch.search.study import CHANCE_KIND, LOSS_METRIC, metric_name, open_study, search_metric
 from xsearch.search.workers import count_states, run_until_total
 
 log = logging.getLogger("xsearch.search")
@@ -84,22 +84,26 @@ def run_search(settings: SearchSettings, *, progress: bool = True) -> optuna.Stu
         )
     objective = Objective(settings, task, space, LatencyCache(cache_path), supernet=supernet)
     study = open_study(settings, task.kind, reference_params=space.reference_params())
-    metric = metric_name(task.kind)
-    chance = {split: task.chance(split) for split in ("valid", "test")}
+    metric = search_metric(settings, task.kind)
+    chances = {metric_name(task.kind): {split: task.chance(split) for split in ("valid", "test")}}
+    if task.kind != "lm":
+        chances[LOSS_METRIC] = {split: task.loss_chance(split) for split in ("valid", "test")}
+    chance = chances[metric]
     study.set_user_attr("settings", {k: v for k, v in asdict(settings).items() if k != "storage"})
     study.set_user_attr("task", task.describe() | {"options": settings.task_options})
     study.set_user_attr("metric", metric)
     study.set_user_attr("chance", chance)
+    study.set_user_attr("chances", chances)
     study.set_user_attr("space", space.name)
     complete = count_states(study)[optuna.trial.TrialState.COMPLETE]
     if complete >= settings.trials:
         log.info("study %r already has %d COMPLETE trials (--trials %d is its total): nothing to add",
                  settings.study, complete, settings.trials)  # fmt: skip
         return study
-    level = "majority class" if task.kind != "lm" else "unigram model"
-    log.info("chance level (%s) on the validation split: %s %.4f", level, metric, chance["valid"])
+    log.info("chance level on the validation split: %s",
+             ", ".join(f"{name} {c['valid']:.4f} ({CHANCE_KIND[name]})" for name, c in chances.items()))  # fmt: skip
     guard = FailureGuard(study, objective, settings.max_failures)
-    with SearchProgress(study, settings.trials, progress, metric) as reporter:
+    with SearchProgress(study, settings.trials, progress, metric, metric_name(task.kind)) as reporter:
         run_until_total(
             study, objective, total=settings.trials, heartbeat=True, timeout=settings.timeout, callbacks=[reporter],
             poll_s=max(0.2, min(2.0, settings.heartbeat_interval / 2)), current_trial=lambda: objective.current,

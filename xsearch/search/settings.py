@@ -14,6 +14,7 @@ from xsearch.training.settings import TrainSettings
 
 SAMPLERS = ("auto", "tpe", "nsga2", "random")
 OBJECTIVES = ("both", "accuracy")
+RANK_BY = ("loss", "accuracy")
 PRUNERS = ("hyperband", "median", "none")
 DEFAULT_STORAGE = "sqlite:///runs/xsearch.db"
 DEFAULT_TRAIN_STEPS = 200  # per trial, when neither train_steps nor train_seconds is given
@@ -49,8 +50,14 @@ class SearchSettings(StudySettings):
     trials: int = option(20, "COMPLETE trials the study ends with (all workers together)", ge=0)
     timeout: float | None = option(None, "stop starting trials after this many seconds", gt=0)
     objective: str = option(
-        "both", "both: accuracy and latency (a Pareto front); accuracy: under max_latency_ms, with pruning",
+        "both", "both: the task's score (rank_by) and latency (a Pareto front); accuracy: the score alone under "
+        "max_latency_ms, with pruning",
         choices=OBJECTIVES,
+    )  # fmt: skip
+    rank_by: str = option(
+        "loss", "what trials are ranked, pruned and picked by on the validation split: loss (cross-entropy, which "
+        "ranks short trainings better than their accuracy: bench/supernet.md) or accuracy; lm tasks rank by bits "
+        "per byte", choices=RANK_BY,
     )  # fmt: skip
     pruner: str | None = option(
         None, "stops weak trials early (objective accuracy; default hyperband)", choices=PRUNERS
@@ -134,7 +141,7 @@ class SearchSettings(StudySettings):
 
 @dataclass
 class PickSettings(Settings):
-    """Which trial ``pick`` takes: the most accurate feasible one within both budgets."""
+    """Which trial ``pick`` takes: the best feasible one (by what the search ranks by) within both budgets."""
 
     max_latency_ms: float | None = option(None, "latency budget in ms (null: no limit)", gt=0)
     min_speedup: float | None = option(

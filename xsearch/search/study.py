@@ -16,6 +16,11 @@ from xsearch.search.sampling import PerTrialSampler, make_pruner, make_sampler, 
 from xsearch.search.settings import SearchSettings
 
 LATENCY_OBJECTIVE = "latency_ms"
+LOSS_METRIC = "valid_loss"  # a classification study's first objective with rank_by="loss"
+
+
+#: What each metric's chance level is the score of.
+CHANCE_KIND = {"accuracy": "majority class", LOSS_METRIC: "label frequencies", "bits_per_byte": "unigram model"}
 
 
 def metric_name(task_kind: str) -> str:
@@ -23,15 +28,24 @@ def metric_name(task_kind: str) -> str:
     return "bits_per_byte" if task_kind == "lm" else "accuracy"
 
 
+def search_metric(settings: SearchSettings, task_kind: str) -> str:
+    """What a search ranks its trials by (its first objective): ``"valid_loss"`` (the validation cross-entropy,
+    nats per example) or ``"accuracy"`` for a classification task, as ``rank_by`` says; ``"bits_per_byte"`` for
+    ``lm`` (a loss already)."""
+    if task_kind == "lm":
+        return metric_name(task_kind)
+    return LOSS_METRIC if settings.rank_by == "loss" else "accuracy"
+
+
 def study_directions(settings: SearchSettings, task_kind: str) -> list[str]:
     """``[metric]`` for ``objective="accuracy"``, ``[metric, latency]`` for ``"both"``."""
-    metric = "minimize" if task_kind == "lm" else "maximize"
+    metric = "maximize" if search_metric(settings, task_kind) == "accuracy" else "minimize"
     return [metric] if settings.objective == "accuracy" else [metric, "minimize"]
 
 
 def objective_names(settings: SearchSettings, task_kind: str) -> list[str]:
     """What the study's objectives are called (optuna-dashboard shows these, not "Objective 0")."""
-    metric = metric_name(task_kind)
+    metric = search_metric(settings, task_kind)
     return [metric] if settings.objective == "accuracy" else [metric, LATENCY_OBJECTIVE]
 
 
@@ -67,13 +81,18 @@ def open_study(
         load_if_exists=True,
     )
     have = [d.name.lower() for d in study.directions]
+    names = objective_names(settings, task_kind)
     if have != directions:
         kinds = {1: "single-objective (--objective accuracy)", 2: "two-objective (--objective both)"}
+        made = f" of {study.metric_names}" if study.metric_names else ""
         raise XSearchError(
-            f"study {settings.study!r} exists as a {kinds.get(len(have), str(have))} study with directions {have}, "
-            f"not {directions} for this task and objective {settings.objective!r}"
+            f"study {settings.study!r} exists as a {kinds.get(len(have), str(have))} study{made} with directions "
+            f"{have}, not {names} {directions} for this task, objective {settings.objective!r} and rank_by "
+            f"{settings.rank_by!r}: give the settings it was made with, or another study name"
         )
-    names = objective_names(settings, task_kind)
+    if study.metric_names not in (None, names) and names[0] != study.metric_names[0]:
+        raise XSearchError(f"study {settings.study!r} ranks by {study.metric_names[0]!r}, not {names[0]!r}: give "
+                           "the rank_by it was made with, or another study name")  # fmt: skip
     if study.metric_names != names:
         with warnings.catch_warnings():  # "experimental" in Optuna
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
@@ -82,8 +101,18 @@ def open_study(
 
 
 def trial_metric(t: optuna.trial.FrozenTrial) -> float:
-    """The task metric of a COMPLETE trial (accuracy, or bits per byte for lm), in either kind of study."""
+    """What a COMPLETE trial is ranked by, in either kind of study: the study's first objective (``valid_loss`` or
+    ``accuracy``, or bits per byte for lm; ``study.user_attrs["metric"]`` names it)."""
     return t.values[0]
+
+
+def trial_task_metric(t: optuna.trial.FrozenTrial) -> float | None:
+    """The task metric a trial measured on the validation split (accuracy, or bits per byte for lm), whatever its
+    study ranks by (None: not measured)."""
+    for name in ("accuracy", "bits_per_byte"):
+        if name in t.user_attrs:
+            return t.user_attrs[name]
+    return None
 
 
 def trial_latency_ms(t: optuna.trial.FrozenTrial) -> float | None:
@@ -144,9 +173,13 @@ def describe_trial(t: optuna.trial.FrozenTrial) -> str:
     return describe_config(t.user_attrs.get("model_config") or {})
 
 
-def study_chance(study: optuna.Study) -> float | None:
-    """The chance level of the metric the trials report (their validation split), as the search recorded it."""
-    chance = study.user_attrs.get("chance") or {}
+def study_chance(study: optuna.Study, metric: str | None = None) -> float | None:
+    """The chance level on the validation split of ``metric`` (default: what the trials are ranked by), as the
+    search recorded it (None: not recorded)."""
+    if metric is None or metric == study.user_attrs.get("metric", metric):
+        chance = study.user_attrs.get("chance") or {}
+    else:
+        chance = (study.user_attrs.get("chances") or {}).get(metric) or {}
     return chance.get("valid")
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -66,6 +67,21 @@ class Task:
         if split not in self._chance:
             self._chance[split] = self._classify_chance(split) if self.kind == "classify" else self._lm_chance(split)
         return self._chance[split]
+
+    def loss_chance(self, split: str) -> float:
+        """The cross-entropy (nats) a model must beat on ``split``: the loss that :func:`chance` is the metric of.
+
+        ``classify``: the entropy of ``split``'s label frequencies, the loss of always answering them (the best
+        a model that ignores its input does, as the majority class is for accuracy). ``lm``: the unigram byte
+        model's, per byte.
+        """
+        if self.kind != "classify":
+            return self.chance(split) * math.log(2)
+        counts = Counter(self._split(split)[1])
+        total = sum(counts.values())
+        if not total:
+            raise XSearchError(f"split {split!r} is empty: it has no chance level")
+        return -sum(n / total * math.log(n / total) for n in counts.values())
 
     def _classify_chance(self, split: str) -> float:
         labels = self._split(split)[1]

@@ -12,7 +12,8 @@ from xsearch._lazy import by_module, lazy_names
 
 _LAZY = by_module(
     {
-        "xsearch.training.loop": "train evaluate evaluate_onnx score_logits task_loss TrainResult TrainingDiverged",
+        "xsearch.training.loop": "train evaluate evaluate_score evaluate_onnx score_logits score_split Score task_loss "
+        "TrainResult TrainingDiverged",
         "xsearch.training.settings": "TrainSettings PretrainSettings",
         "xsearch.training.pretrain": "pretrain init_from_pretrained",
         "xsearch.training.recipe": "train_model TrainedModel",

@@ -229,10 +229,13 @@ class _Best:
 
 
 def _record(model, task, step, window, opt, eval_batches, batch_size) -> dict[str, Any]:
-    valid = evaluate(model, task, "valid", batch_size=max(batch_size, 32), max_batches=eval_batches)
+    """A validation point: the step, the training loss over the window, the lr, and the validation metric
+    (``valid``) and cross-entropy (``valid_loss``)."""
+    valid = evaluate_score(model, task, "valid", batch_size=max(batch_size, 32), max_batches=eval_batches)
     model.train()
     loss = sum(window) / len(window) if window else float("nan")
-    return {"step": step, "loss": loss, "lr": opt.param_groups[0]["lr"], "valid": valid}
+    return {"step": step, "loss": loss, "lr": opt.param_groups[0]["lr"], "valid": valid.metric,
+            "valid_loss": valid.loss}  # fmt: skip
 
 
 def endless_batches(task, batch_size: int, seed: int, *, skip: int = 0):
@@ -252,11 +255,34 @@ def endless_batches(task, batch_size: int, seed: int, *, skip: int = 0):
         epoch += 1
 
 
+@dataclass(frozen=True)
+class Score:
+    """A model's scores on one split.
+
+    Attributes:
+        metric: the task metric: accuracy (classify), or bits per byte (lm).
+        loss: the mean cross-entropy in nats, per example (classify) or per next token (lm). It still tells
+            apart models whose predictions, and so whose accuracies, are the same (HAT ranks its
+            SubTransformers by loss; ``bench/supernet.md`` measures it ranking short trainings better).
+    """
+
+    metric: float
+    loss: float
+
+
 @torch.no_grad()
 def evaluate(
     model: nn.Module, task, split: str = "test", *, batch_size: int = EVAL_BATCH, max_batches: int | None = None
-):
+) -> float:
     """Accuracy (classify) or bits per byte (lm) of ``model`` on ``split``, computed where the model is."""
+    return evaluate_score(model, task, split, batch_size=batch_size, max_batches=max_batches).metric
+
+
+@torch.no_grad()
+def evaluate_score(
+    model: nn.Module, task, split: str = "test", *, batch_size: int = EVAL_BATCH, max_batches: int | None = None
+) -> Score:
+    """The task metric and the cross-entropy of ``model`` on ``split`` (a :class:`Score`), from one pass."""
     was_training = model.training
     model.eval()
     where = module_device(model)
@@ -265,7 +291,7 @@ def evaluate(
         return model(*on_device((ids, mask), where)).cpu()
 
     try:
-        return score_logits(logits, task, split, batch_size=batch_size, max_batches=max_batches)
+        return score_split(logits, task, split, batch_size=batch_size, max_batches=max_batches)
     finally:
         model.train(was_training)
 
@@ -284,7 +310,6 @@ def evaluate_onnx(
     return score_logits(logits, task, split, batch_size=batch_size)
 
 
-@torch.no_grad()
 def score_logits(
     logits_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
     task,
@@ -293,24 +318,39 @@ def score_logits(
     batch_size: int = EVAL_BATCH,
     max_batches: int | None = None,
 ) -> float:
-    """Accuracy or bits per byte of ``logits_fn(ids, mask)`` over the batches of ``split``.
+    """Accuracy or bits per byte of ``logits_fn(ids, mask)`` over the batches of ``split``."""
+    return score_split(logits_fn, task, split, batch_size=batch_size, max_batches=max_batches).metric
 
-    Classification examples are batched shortest first (the metric does not depend on their order,
+
+@torch.no_grad()
+def score_split(
+    logits_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    task,
+    split: str,
+    *,
+    batch_size: int = EVAL_BATCH,
+    max_batches: int | None = None,
+) -> Score:
+    """The :class:`Score` of ``logits_fn(ids, mask)`` over the batches of ``split``.
+
+    Classification examples are batched shortest first (the scores do not depend on their order,
     and batches that pad least cost least: 2.2x fewer seconds at 512 tokens, batch 32).
     """
     correct = total = 0
     nll = 0.0
     for ids, mask, labels in task.batches(split, batch_size, max_batches=max_batches, by_length=True):
-        logits = logits_fn(ids, mask)
+        logits = logits_fn(ids, mask).float()
         if task.kind == "lm":
             nll += F.cross_entropy(logits[mask], labels[mask], reduction="sum").item()
             total += int(mask.sum())
         else:
+            nll += F.cross_entropy(logits, labels, reduction="sum").item()
             correct += int((logits.argmax(-1) == labels).sum())
             total += len(labels)
     if total == 0:
         raise XSearchError(f"split {split!r} of task {task.name!r} is empty")
-    return nll / total / math.log(2) if task.kind == "lm" else correct / total
+    loss = nll / total
+    return Score(metric=loss / math.log(2) if task.kind == "lm" else correct / total, loss=loss)
 
 
 def resumed_steps(
