@@ -148,9 +148,8 @@ from xsearch.supernet import build_supernet, extract_subnet
 from xsearch.supernet.settings import HEAD_LAYOUTS, LAYOUT_DEFAULTS, WIDTH_SCALING, SupernetTrainSettings
 from xsearch.supernet.train import train_supernet
 from xsearch.tasks import get_task
-from xsearch.training import evaluate
-from xsearch.training.device import module_device, on_device, resolve_device
-from xsearch.training.loop import EVAL_BATCH
+from xsearch.training import evaluate, evaluate_score
+from xsearch.training.device import resolve_device
 from xsearch.training.recipe import train_model
 from xsearch.training.settings import DEVICES, TrainSettings
 
@@ -341,18 +340,10 @@ MIN_RANKED = 3  # subnets with standalone figures a ranking (and the ground trut
 
 @torch.no_grad()
 def accuracy_and_loss(model, task, split: str) -> tuple[float, float]:
-    """``model``'s accuracy on ``split`` and its mean cross-entropy there (nats): the loss still tells apart
-    models whose predictions, and so whose accuracies, are the same (HAT ranks its SubTransformers by loss)."""
-    model.eval()
-    correct = total = 0
-    nll = 0.0
-    where = module_device(model)
-    for ids, mask, labels in task.batches(split, EVAL_BATCH, by_length=True):
-        logits = model(*on_device((ids, mask), where)).cpu()
-        correct += int((logits.argmax(-1) == labels).sum())
-        nll += float(torch.nn.functional.cross_entropy(logits, labels, reduction="sum"))
-        total += len(labels)
-    return correct / total, nll / total
+    """``model``'s accuracy on ``split`` and its mean cross-entropy there (nats), from one pass: the loss still tells
+    apart models whose predictions, and so whose accuracies, are the same (HAT ranks its SubTransformers by loss)."""
+    score = evaluate_score(model, task, split)
+    return score.metric, score.loss
 
 
 def draw_subnets(space, task, args) -> list:
