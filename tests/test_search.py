@@ -80,7 +80,10 @@ def test_search_end_to_end_resume_and_report(tmp_path, capsys, caplog):
         assert float(r["accuracy_chance"]) == round(task.chance("valid"), 4)
     front = json.loads((out / "front.json").read_text())["front"]
     assert front and all(xsearch.ModelConfig.from_dict(r["model_config"]) for r in front)
-    assert "Pareto front" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "Pareto front" in printed and "valid_loss" in printed  # and the accuracy beside it, with both chances
+    levels = f"valid_loss {task.loss_chance('valid'):.4f}, accuracy {task.chance('valid'):.4f}"
+    assert f"chance level (validation) {levels}" in printed
     assert (out / "pareto.png").read_bytes()[:4] == b"\x89PNG"
     # pick, then train the picked config from the CLI
     cfg_path = tmp_path / "config.json"
@@ -89,6 +92,7 @@ def test_search_end_to_end_resume_and_report(tmp_path, capsys, caplog):
     best = min((t for t in trials if t.state.name == "COMPLETE"), key=lambda t: (t.values[0], t.values[1]))
     assert picked["valid_loss"] == best.values[0] and picked["accuracy"] == best.user_attrs["accuracy"]
     assert picked["chance"] == task.loss_chance("valid") and picked["accuracy_chance"] == task.chance("valid")
+    assert f"(valid_loss {best.values[0]:.4f}, accuracy {best.user_attrs['accuracy']:.4f}," in capsys.readouterr().out
     args = ["train", "--task", "listops", *sum((["--task-opt", f"{k}={v}"] for k, v in TASK_OPTS.items()), []),
             "--config", str(cfg_path), "--steps", "2", "--quiet", "--out", str(tmp_path / "m")]  # fmt: skip
     assert main(args) == 0

@@ -51,6 +51,7 @@ def cmd_search(args: argparse.Namespace) -> int:
 def print_front(study) -> None:
     """The study's trial states, its pruning, and its Pareto front against the reference and the chance level."""
     from xsearch.search.study import (
+        LOSS_METRIC,
         describe_trial,
         pareto_front,
         reference_trial,
@@ -71,7 +72,7 @@ def print_front(study) -> None:
         return
     chance = study_chance(study)
     # a study ranked by the validation loss shows the accuracy beside it, with its chance level
-    also = "accuracy" if metric == "valid_loss" and study_chance(study, "accuracy") is not None else None
+    also = "accuracy" if metric == LOSS_METRIC and study_chance(study, "accuracy") is not None else None
     levels = [(metric, chance)] + ([(also, study_chance(study, also))] if also else [])
     level = ", ".join(f"{name} {value:.4f}" for name, value in levels if value is not None)
     print(f"Pareto front ({len(front)} trials), against the reference Transformer"
@@ -119,7 +120,14 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_pick(args: argparse.Namespace) -> int:
     from xsearch.search.report import pick
-    from xsearch.search.study import describe_trial, study_chance, trial_latency_ms, trial_metric, trial_task_metric
+    from xsearch.search.study import (
+        LOSS_METRIC,
+        describe_trial,
+        study_chance,
+        trial_latency_ms,
+        trial_metric,
+        trial_task_metric,
+    )
     from xsearch.serialization import atomic_write_text
     from xsearch.storage import load_study
 
@@ -140,9 +148,10 @@ def cmd_pick(args: argparse.Namespace) -> int:
         "latency_ms": latency,
         "task": study.user_attrs.get("task"),
     }
-    if metric == "valid_loss" and trial_task_metric(t) is not None:  # and the accuracy, with its chance level
+    if metric == LOSS_METRIC and trial_task_metric(t) is not None:  # and the accuracy, with its chance level
         doc |= {"accuracy": trial_task_metric(t), "accuracy_chance": study_chance(study, "accuracy")}
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out, json.dumps(doc, indent=2, default=str))
-    print(f"picked trial {t.number}: {describe_trial(t)} ({value:.4f}, {latency:.2f} ms) -> {out}")
+    also = f", accuracy {doc['accuracy']:.4f}" if "accuracy" in doc and metric != "accuracy" else ""
+    print(f"picked trial {t.number}: {describe_trial(t)} ({metric} {value:.4f}{also}, {latency:.2f} ms) -> {out}")
     return 0
