@@ -278,38 +278,62 @@ def load_bench_space(name: str, task, args):
     return space
 
 
-class Ledger:
-    """The proxy and standalone figures of each subnet, one JSON line each, appended as each is measured.
+class KeptRows:
+    """Figures of each subnet measured under one budget, one JSON line each, appended as each is measured.
 
-    They depend only on the subnet, the task and the budgets (not on the supernet), and cost hours at the
-    issue's protocol: a ledger lets a run that is stopped, or spread over several sessions, keep what it
-    measured. Lines of other budgets are kept and ignored.
+    They depend only on the subnet, the task and the budget (not on a supernet), and cost hours at the issue's
+    protocol: a file of them lets a run that is stopped, or spread over several sessions, keep what it measured.
+    Lines of other budgets are kept and ignored. A kind of figures names its budget's keys (``BUDGET``).
     """
+
+    BUDGET: tuple[str, ...] = ()
+
+    def __init__(self, path: str, args) -> None:
+        self.path, self.budget = Path(path), {k: getattr(args, k) for k in self.BUDGET}
+        self.rows: dict[tuple[str, str], dict] = {}  # this budget's rows, by space and subnet
+        for doc in read_lines(self.path):
+            self.read(doc)
+
+    def read(self, doc: dict) -> None:
+        """Take in one line of the file."""
+        if doc["budget"] == self.budget:
+            self.rows[doc["space"], doc["row"]["config"]] = doc["row"]
+
+    def get(self, space: str, cfg) -> dict | None:
+        return self.rows.get((space, describe_config(cfg)))
+
+    def keep(self, space: str, row: dict, **extra) -> None:
+        """Add ``row`` (its ``config`` names the subnet), and append it to the file with ``extra`` keys."""
+        self.rows[space, row["config"]] = row
+        append_line(self.path, {"space": space, "budget": self.budget, "machine": machine(), **extra, "row": row})
+
+
+class Ledger(KeptRows):
+    """The proxy and standalone figures of each subnet (``--ledger``), and the standalone test accuracy of every
+    training seed measured (``repeats``: the ground truth averages seeds)."""
 
     BUDGET = ("max_len", "n_train", "n_eval", "seed", "lr", "proxy_steps", "standalone_steps", "train_seed",
               "pos_encoding")  # fmt: skip
 
     def __init__(self, path: str, args) -> None:
-        self.path, self.budget = Path(path), {k: getattr(args, k) for k in self.BUDGET}
-        self.rows: dict[tuple[str, str], dict] = {}  # this budget's rows
         self.repeats: dict[tuple[str, str], dict[int, float]] = {}  # standalone test by training seed, any seed
-        same = {k: v for k, v in self.budget.items() if k != "train_seed"}
-        for doc in read_lines(self.path):
-            budget = {**OLD_BUDGET, "train_seed": doc["budget"]["seed"], **doc["budget"]}  # (see OLD_BUDGET)
-            key = doc["space"], doc["row"]["config"]
-            if budget == self.budget:
-                self.rows[key] = {**doc["row"], "machine": doc.get("machine")}
-            if {k: v for k, v in budget.items() if k != "train_seed"} == same:
-                self.repeats.setdefault(key, {})[budget["train_seed"]] = doc["row"]["standalone_test"]
+        super().__init__(path, args)
 
-    def get(self, space: str, cfg) -> dict | None:
-        return self.rows.get((space, describe_config(cfg)))
+    @staticmethod
+    def _seedless(budget: dict) -> dict:
+        return {k: v for k, v in budget.items() if k != "train_seed"}
+
+    def read(self, doc: dict) -> None:
+        budget = {**OLD_BUDGET, "train_seed": doc["budget"]["seed"], **doc["budget"]}  # (see OLD_BUDGET)
+        key = doc["space"], doc["row"]["config"]
+        if budget == self.budget:
+            self.rows[key] = {**doc["row"], "machine": doc.get("machine")}
+        if self._seedless(budget) == self._seedless(self.budget):
+            self.repeats.setdefault(key, {})[budget["train_seed"]] = doc["row"]["standalone_test"]
 
     def add(self, space: str, cfg, row: dict) -> None:
-        self.rows[space, row["config"]] = row
         self.repeats.setdefault((space, row["config"]), {})[self.budget["train_seed"]] = row["standalone_test"]
-        append_line(self.path, {"space": space, "budget": self.budget, "machine": machine(),
-                                "model_config": cfg.to_dict(), "row": row})  # fmt: skip
+        self.keep(space, row, model_config=cfg.to_dict())
 
 
 DEVICE = "cpu"  # --device (main sets it): named in each ledger and scores line
@@ -511,32 +535,20 @@ def finetuned(sn, cfg, task, args) -> dict:
     return {"finetuned_valid": valid, "finetuned_loss": loss, "finetune_s": seconds}
 
 
-class ScratchLedger:
+class ScratchLedger(KeptRows):
     """Each subnet trained ``--from-scratch`` steps from new weights with the proxy's recipe and scored on the
     validation split (accuracy and loss), one JSON line each (``--scratch-ledger``): the fine-tune's control,
-    the same steps from new weights rather than the supernet's. They depend only on the subnet, the task and
-    the budget; lines of other budgets are kept and ignored."""
+    the same steps from new weights rather than the supernet's."""
 
     BUDGET = ("max_len", "n_train", "n_eval", "seed", "lr", "from_scratch", "train_seed", "pos_encoding")
 
-    def __init__(self, path: str, args) -> None:
-        self.path, self.budget = Path(path), {k: getattr(args, k) for k in self.BUDGET}
-        self.rows = {(doc["space"], doc["row"]["config"]): doc["row"] for doc in read_lines(self.path)
-                     if doc["budget"] == self.budget}  # fmt: skip
 
-    def get(self, space: str, cfg) -> dict | None:
-        return self.rows.get((space, describe_config(cfg)))
-
-    def add(self, space: str, row: dict) -> None:
-        self.rows[space, row["config"]] = row
-        append_line(self.path, {"space": space, "budget": self.budget, "machine": machine(), "row": row})
-
-
-def from_scratch(name: str, subnets: list, truth_rows: list[dict | None], task, args) -> list[dict | None]:
+def from_scratch(
+    name: str, subnets: list, truth_rows: list[dict | None], task, args, kept: ScratchLedger | None
+) -> list[dict | None]:
     """``truth_rows`` with each measured subnet's ``--from-scratch`` figures added (``scratch_valid``,
-    ``scratch_loss``, ``scratch_s``): taken from ``--scratch-ledger``, or trained now (``--rank-only`` trains
-    none: a subnet without them exits naming it)."""
-    kept = ScratchLedger(args.scratch_ledger, args) if args.scratch_ledger else None
+    ``scratch_loss``, ``scratch_s``): taken from ``kept`` (``--scratch-ledger``), or trained now (``--rank-only``
+    trains none: a subnet without them exits naming it)."""
     rows: list[dict | None] = []
     for i, (cfg, row) in enumerate(zip(subnets, truth_rows, strict=True)):
         figures = kept.get(name, cfg) if kept and row is not None else None
@@ -548,7 +560,7 @@ def from_scratch(name: str, subnets: list, truth_rows: list[dict | None], task, 
             figures = {"config": describe_config(cfg), "scratch_valid": valid, "scratch_loss": loss,
                        "scratch_s": seconds}  # fmt: skip
             if kept:
-                kept.add(name, figures)
+                kept.keep(name, figures)
             print(f"  [{name} {i + 1}/{len(subnets)}] {args.from_scratch} steps from new weights: valid "
                   f"{valid:.4f}, loss {loss:.4f} ({seconds:.0f} s)", file=sys.stderr, flush=True)  # fmt: skip
         rows.append(None if row is None else {**row, **{k: v for k, v in figures.items() if k != "config"}})
@@ -675,9 +687,12 @@ def averaged(row: dict, by_seed: dict[int, float], seeds: list[int]) -> dict | N
     return {**row, "standalone_test": float(np.mean([by_seed[seed] for seed in seeds]))}
 
 
-def run_space(name: str, task, args, ledger: Ledger | None, scores: Scores | None) -> tuple[list, list[dict]]:
+def run_space(
+    name: str, task, args, ledger: Ledger | None, scores: Scores | None, scratch: ScratchLedger | None = None
+) -> tuple[list, list[dict]]:
     """The space's drawn subnets and, unless ``--truth-only``, one ranking per sampling rule (a supernet trained
-    now, or its scores taken from ``--scores``), over the subnets whose standalone figures are measured."""
+    now, or its scores taken from ``--scores``), over the subnets whose standalone figures are measured (with
+    ``--from-scratch``, their figures from new weights, kept in ``scratch``)."""
     space = load_bench_space(name, task, args)
     subnets = draw_subnets(space, task, args)
     truth_rows = measure_truth(name, subnets, task, args, ledger)
@@ -685,7 +700,7 @@ def run_space(name: str, task, args, ledger: Ledger | None, scores: Scores | Non
         truth_rows = [averaged(row, ledger.repeats.get((name, row["config"]), {}), args.truth_seeds)
                       if row is not None else None for row in truth_rows]  # fmt: skip
     if args.from_scratch and not args.truth_only:
-        truth_rows = from_scratch(name, subnets, truth_rows, task, args)
+        truth_rows = from_scratch(name, subnets, truth_rows, task, args, scratch)
     measured = sum(row is not None for row in truth_rows)
     if measured < len(subnets) or args.truth_only or args.train_seed != args.seed:
         print(f"  [{name}] standalone figures of {measured} of {len(subnets)} subnets"
@@ -1147,9 +1162,10 @@ def sampling(r: dict, seed: int) -> str:
 def print_ranking(task, args) -> dict:
     ledger = Ledger(args.ledger, args) if args.ledger else None
     scores = Scores(args.scores, args) if args.scores else None
+    scratch = ScratchLedger(args.scratch_ledger, args) if args.scratch_ledger and args.from_scratch else None
     drawn, results = {}, []
     for name in args.spaces.split(","):
-        drawn[name], ranked = run_space(name, task, args, ledger, scores)
+        drawn[name], ranked = run_space(name, task, args, ledger, scores, scratch)
         results += ranked
     ground = print_ground_truth(task, args, ledger, drawn) if ledger else {}
     if not results:

@@ -272,7 +272,8 @@ def test_budgeted_search_prunes_over_budget_before_training_and_stops_weak_trial
 
 
 def test_a_budgeted_search_ranked_by_loss_reports_the_loss_to_its_pruner(tmp_path):
-    s = settings(tmp_path, objective="accuracy", max_latency_ms=1e9, trials=2, train_steps=8, pruner="none")
+    s = settings(tmp_path, objective="accuracy", max_latency_ms=1e9, trials=2, train_steps=8, pruner="none",
+                 target="torch-cpu")  # fmt: skip
     study = run_search(s, progress=False)
     assert [d.name for d in study.directions] == ["MINIMIZE"] and study.metric_names == ["valid_loss"]
     for t in study.get_trials():
