@@ -69,6 +69,8 @@ def test_search_end_to_end_resume_and_report(tmp_path, capsys, caplog):
     out = tmp_path / "report"
     assert main(["report", "--storage", s.storage, "--study", "t", "--out", str(out)]) == 0
     assert {"pareto.html", "pareto.png", "trials.csv", "front.json"} <= {p.name for p in out.iterdir()}
+    hover = f"valid_loss {trials[0].values[0]:.4f}, accuracy {trials[0].user_attrs['accuracy']:.4f}"
+    assert hover in (out / "pareto.html").read_text()  # a point's hover shows the accuracy beside the loss
     with (out / "trials.csv").open() as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 5 and rows[0]["reference"] == "True"

@@ -146,6 +146,13 @@ def _points(trials):
     return [trial_latency_ms(t) for t in trials], [trial_metric(t) for t in trials]
 
 
+def _hover(t: optuna.trial.FrozenTrial, metric: str) -> str:
+    """A trial's hover text: its number, architecture, what it is ranked by and, beside a loss, its accuracy."""
+    accuracy = t.user_attrs.get("accuracy")
+    also = f", accuracy {accuracy:.4f}" if accuracy is not None and metric != "accuracy" else ""
+    return f"#{t.number} {describe_trial(t)}<br>{metric} {trial_metric(t):.4f}{also}"
+
+
 def _plot_html(complete, front, ref, metric, chance, path: Path) -> None:
     import plotly.graph_objects as go
 
@@ -163,7 +170,7 @@ def _plot_html(complete, front, ref, metric, chance, path: Path) -> None:
         fig.add_trace(go.Scatter(
             x=x, y=y, mode="markers+lines" if name == "Pareto front" else "markers", name=name, marker=style,
             line=dict(shape="hv") if name == "Pareto front" else None,
-            text=[f"#{t.number} {describe_trial(t)}" for t in trials], hovertemplate="%{text}<br>%{x:.2f} ms, %{y:.4f}",
+            text=[_hover(t, metric) for t in trials], hovertemplate="%{text}<br>%{x:.2f} ms",
         ))  # fmt: skip
     if ref is not None:
         star = dict(color="black", size=16, symbol="star")
