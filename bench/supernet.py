@@ -401,28 +401,37 @@ class Scores:
     def key(run: dict) -> tuple:
         """A supernet's settings beyond the budget (the shrink fraction only where the rule shrinks; lines from
         before ``--supernet-seed`` were seeded with the budget's ``seed``, those from before
-        ``--width-scaling`` and ``--head-layout`` sliced plainly)."""
+        ``--width-scaling`` and ``--head-layout`` sliced plainly), then the steps its subnets were fine-tuned
+        (``--inherited-finetune``; 0: none), so one file keeps a supernet's runs at several fine-tune budgets."""
         shrink = run.get("shrink_fraction") if run["sampling"] == "progressive" else None
         return (run["space"], run["sampling"], run.get("warm_start", 0), shrink,
                 run.get("supernet_seed", run.get("budget", {}).get("seed")),
-                *(run.get(key, default) for key, default in LAYOUT_DEFAULTS.items()), run.get("split_by"))  # fmt: skip
+                *(run.get(key, default) for key, default in LAYOUT_DEFAULTS.items()), run.get("split_by"),
+                run.get("inherited_finetune") or 0)  # fmt: skip
 
     def get(self, space: str, rule: str, subnets: list) -> dict | None:
         """The run of ``space``, ``rule``, ``--warm-start`` (and ``--shrink-fraction``) at this budget, if it scored
-        exactly these subnets and kept their losses (a run from before the losses were kept is trained again)."""
+        exactly these subnets and kept their losses (a run from before the losses were kept is trained again).
+        With ``--inherited-finetune``, the run whose subnets were fine-tuned that many steps; without, any run of
+        the supernet (each keeps the inherited scores), the one without a fine-tune first."""
         wanted = {"space": space, "sampling": rule, "warm_start": self.warm_start,
                   "shrink_fraction": self.shrink_fraction, "supernet_seed": self.supernet_seed,
-                  **self.layout, "split_by": self.split_by}  # fmt: skip
-        run = self.runs.get(self.key(wanted))
+                  **self.layout, "split_by": self.split_by, "inherited_finetune": self.finetune}  # fmt: skip
+        supernet = self.key(wanted)[:-1]
+        if self.finetune:
+            run = self.runs.get(self.key(wanted))
+            if run is None and any(key[:-1] == supernet for key in self.runs):
+                print(f"  [{space} {rule}] the supernet in {self.path} has no subnet fine-tuned {self.finetune} "
+                      "steps: training it again (or taking it from --supernet-work)", file=sys.stderr,
+                      flush=True)  # fmt: skip
+        else:
+            run = next((self.runs[key] for key in sorted(self.runs, key=lambda k: k[-1]) if key[:-1] == supernet),
+                       None)  # fmt: skip
         if not run or [s["config"] for s in run["scores"]] != [describe_config(cfg) for cfg in subnets]:
             return None
         if any("inherited_loss" not in s for s in run["scores"]):
             print(f"  [{space} {rule}] the supernet in {self.path} was scored before losses were kept: "
                   "training it again", file=sys.stderr, flush=True)  # fmt: skip
-            return None
-        if self.finetune and run.get("inherited_finetune") != self.finetune:
-            print(f"  [{space} {rule}] the supernet in {self.path} has no subnet fine-tuned {self.finetune} steps: "
-                  "training it again (or taking it from --supernet-work)", file=sys.stderr, flush=True)  # fmt: skip
             return None
         return run
 
