@@ -210,7 +210,7 @@ def paired_difference(
     for _ in range(draws):
         i = rng.integers(0, len(t_), len(t_))
         diff = tau(list(a_[i]), list(t_[i])) - tau(list(b_[i]), list(t_[i]))
-        if diff == diff:
+        if not np.isnan(diff):
             diffs.append(diff)
     lo, hi = np.percentile(diffs, [5, 95]) if diffs else (float("nan"), float("nan"))
     return {"difference": tau(a, truth) - tau(b, truth), "low": float(lo), "high": float(hi)}
@@ -697,7 +697,7 @@ def averaged(row: dict, by_seed: dict[int, float], seeds: list[int]) -> dict | N
 
 
 def run_space(
-    name: str, task, args, ledger: Ledger | None, scores: Scores | None, scratch: ScratchLedger | None = None
+    name: str, task, args, ledger: Ledger | None, scores: Scores | None, scratch: ScratchLedger | None
 ) -> tuple[list, list[dict]]:
     """The space's drawn subnets and, unless ``--truth-only``, one ranking per sampling rule (a supernet trained
     now, or its scores taken from ``--scores``), over the subnets whose standalone figures are measured (with
@@ -1171,10 +1171,10 @@ def sampling(r: dict, seed: int) -> str:
 def print_ranking(task, args) -> dict:
     ledger = Ledger(args.ledger, args) if args.ledger else None
     scores = Scores(args.scores, args) if args.scores else None
-    scratch = ScratchLedger(args.scratch_ledger, args) if args.scratch_ledger and args.from_scratch else None
+    scratch_ledger = ScratchLedger(args.scratch_ledger, args) if args.scratch_ledger and args.from_scratch else None
     drawn, results = {}, []
     for name in args.spaces.split(","):
-        drawn[name], ranked = run_space(name, task, args, ledger, scores, scratch)
+        drawn[name], ranked = run_space(name, task, args, ledger, scores, scratch_ledger)
         results += ranked
     ground = print_ground_truth(task, args, ledger, drawn) if ledger else {}
     if not results:

@@ -51,10 +51,10 @@ def cmd_search(args: argparse.Namespace) -> int:
 def print_front(study) -> None:
     """The study's trial states, its pruning, and its Pareto front against the reference and the chance level."""
     from xsearch.search.study import (
-        LOSS_METRIC,
         describe_trial,
         pareto_front,
         reference_trial,
+        shown_beside,
         state_counts,
         study_chance,
         trial_latency_ms,
@@ -71,8 +71,7 @@ def print_front(study) -> None:
         print("no feasible completed trial yet")
         return
     chance = study_chance(study)
-    # a study ranked by the validation loss shows the accuracy beside it, with its chance level
-    also = "accuracy" if metric == LOSS_METRIC and study_chance(study, "accuracy") is not None else None
+    also = shown_beside(metric)  # (the accuracy beside a loss, with its chance level)
     levels = [(metric, chance)] + ([(also, study_chance(study, also))] if also else [])
     level = ", ".join(f"{name} {value:.4f}" for name, value in levels if value is not None)
     print(f"Pareto front ({len(front)} trials), against the reference Transformer"
@@ -80,18 +79,19 @@ def print_front(study) -> None:
     extra = f"  {also:>9s}" if also else ""
     print(f"  {'#':>4s}  {metric:>13s}{extra}  {'latency ms':>10s}  {'speedup':>8s}  {'delta':>8s}  architecture")
 
-    def task_metric(t) -> str:
+    def beside(t) -> str:  # the accuracy column
         value = trial_task_metric(t)
-        return "" if not also else f"  {value:9.4f}" if value is not None else f"  {'-':>9s}"
+        return f"  {'-' if value is None else f'{value:.4f}':>9s}" if also else ""
 
     for t in front:
         value, lat = trial_metric(t), trial_latency_ms(t)
         speed = f"{trial_latency_ms(ref) / lat:.2f}x" if ref else "-"
         delta = f"{value - trial_metric(ref):+.4f}" if ref else "-"
-        print(f"  {t.number:4d}  {value:13.4f}{task_metric(t)}  {lat:10.2f}  {speed:>8s}  {delta:>8s}  "
+        print(f"  {t.number:4d}  {value:13.4f}{beside(t)}  {lat:10.2f}  {speed:>8s}  {delta:>8s}  "
               f"{describe_trial(t)}")  # fmt: skip
     if ref:
-        also_ref = f" ({also} {trial_task_metric(ref):.4f})" if also and trial_task_metric(ref) is not None else ""
+        value = trial_task_metric(ref) if also else None
+        also_ref = f" ({also} {value:.4f})" if value is not None else ""
         print(f"  reference #{ref.number}: {metric} {trial_metric(ref):.4f}{also_ref}, {trial_latency_ms(ref):.2f} ms")
 
 
@@ -121,8 +121,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_pick(args: argparse.Namespace) -> int:
     from xsearch.search.report import pick
     from xsearch.search.study import (
-        LOSS_METRIC,
         describe_trial,
+        shown_beside,
         study_chance,
         trial_latency_ms,
         trial_metric,
@@ -148,10 +148,11 @@ def cmd_pick(args: argparse.Namespace) -> int:
         "latency_ms": latency,
         "task": study.user_attrs.get("task"),
     }
-    if metric == LOSS_METRIC and trial_task_metric(t) is not None:  # and the accuracy, with its chance level
-        doc |= {"accuracy": trial_task_metric(t), "accuracy_chance": study_chance(study, "accuracy")}
+    beside = shown_beside(metric)
+    if beside and trial_task_metric(t) is not None:  # and the accuracy, with its chance level
+        doc |= {beside: trial_task_metric(t), f"{beside}_chance": study_chance(study, beside)}
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out, json.dumps(doc, indent=2, default=str))
-    also = f", accuracy {doc['accuracy']:.4f}" if "accuracy" in doc and metric != "accuracy" else ""
+    also = f", {beside} {doc[beside]:.4f}" if beside in doc else ""
     print(f"picked trial {t.number}: {describe_trial(t)} ({metric} {value:.4f}{also}, {latency:.2f} ms) -> {out}")
     return 0

@@ -189,7 +189,14 @@ def run_pick_stage(ctx: RunContext, work: Path) -> dict[str, Any]:
     """The best feasible trial (by what the search ranks by) within the latency budget (absolute and/or relative to
     the reference)."""
     from xsearch.search.report import pick, pick_budget
-    from xsearch.search.study import describe_trial, reference_trial, trial_latency_ms, trial_metric, trial_task_metric
+    from xsearch.search.study import (
+        describe_trial,
+        reference_trial,
+        shown_beside,
+        trial_latency_ms,
+        trial_metric,
+        trial_task_metric,
+    )
 
     study = ctx.study()
     ref = reference_trial(study)
@@ -204,7 +211,8 @@ def run_pick_stage(ctx: RunContext, work: Path) -> dict[str, Any]:
         ) from None
     metric, latency = trial_metric(chosen), trial_latency_ms(chosen)
     ranked, task_metric = study.user_attrs.get("metric", "metric"), trial_task_metric(chosen)
-    also = "" if ranked == _metric_name(ctx) or task_metric is None else f", {_metric_name(ctx)} {task_metric:.4f}"
+    beside = shown_beside(ranked)
+    also = f", {beside} {task_metric:.4f}" if beside and task_metric is not None else ""
     ctx.echo(f"  picked trial {chosen.number}: {describe_trial(chosen)} ({ranked} {metric:.4f}{also}, "
              f"{latency:.2f} ms; reference {ref_ms:.2f} ms)")  # fmt: skip
     return {

@@ -19,6 +19,7 @@ from xsearch.search.study import (
     metric_is_maximized,
     pareto_front,
     reference_trial,
+    shown_beside,
     study_chance,
     trial_latency_ms,
     trial_metric,
@@ -148,8 +149,9 @@ def _points(trials):
 
 def _hover(t: optuna.trial.FrozenTrial, metric: str) -> str:
     """A trial's hover text: its number, architecture, what it is ranked by and, beside a loss, its accuracy."""
-    accuracy = t.user_attrs.get("accuracy")
-    also = f", accuracy {accuracy:.4f}" if accuracy is not None and metric != "accuracy" else ""
+    beside = shown_beside(metric)
+    value = t.user_attrs.get(beside) if beside else None
+    also = f", {beside} {value:.4f}" if value is not None else ""
     return f"#{t.number} {describe_trial(t)}<br>{metric} {trial_metric(t):.4f}{also}"
 
 

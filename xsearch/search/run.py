@@ -103,7 +103,7 @@ def run_search(settings: SearchSettings, *, progress: bool = True) -> optuna.Stu
     log.info("chance level on the validation split: %s",
              ", ".join(f"{name} {c['valid']:.4f} ({CHANCE_KIND[name]})" for name, c in chances.items()))  # fmt: skip
     guard = FailureGuard(study, objective, settings.max_failures)
-    with SearchProgress(study, settings.trials, progress, metric, metric_name(task.kind)) as reporter:
+    with SearchProgress(study, settings.trials, progress, metric) as reporter:
         run_until_total(
             study, objective, total=settings.trials, heartbeat=True, timeout=settings.timeout, callbacks=[reporter],
             poll_s=max(0.2, min(2.0, settings.heartbeat_interval / 2)), current_trial=lambda: objective.current,

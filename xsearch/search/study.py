@@ -28,6 +28,12 @@ def metric_name(task_kind: str) -> str:
     return "bits_per_byte" if task_kind == "lm" else "accuracy"
 
 
+def shown_beside(ranked: str) -> str | None:
+    """The task metric every reader shows beside what trials are ranked by: ``"accuracy"`` beside ``valid_loss``
+    (None beside the task metric itself)."""
+    return "accuracy" if ranked == LOSS_METRIC else None
+
+
 def search_metric(settings: SearchSettings, task_kind: str) -> str:
     """What a search ranks its trials by (its first objective): ``"valid_loss"`` (the validation cross-entropy,
     nats per example) or ``"accuracy"`` for a classification task, as ``rank_by`` says; ``"bits_per_byte"`` for
