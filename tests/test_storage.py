@@ -1,5 +1,11 @@
+import multiprocessing
+import signal
 import socket
+import subprocess
+import sys
+import threading
 import time
+from pathlib import Path
 from unittest import mock
 
 import optuna
@@ -7,7 +13,7 @@ import pytest
 
 from xsearch.cli import main
 from xsearch.search.workers import fail_stale, within_total
-from xsearch.storage import JournalHeartbeatStorage, mask_url, open_storage, storage_kind
+from xsearch.storage import JournalFileFlock, JournalHeartbeatStorage, mask_url, open_storage, storage_kind
 
 
 def closed_loopback_port() -> int:
@@ -116,3 +122,64 @@ def test_workers_that_open_a_new_sqlite_database_together_all_get_it(tmp_path):
         with multiprocessing.get_context("fork").Pool(6) as pool:
             outcomes = pool.map(_open_at, [(url, time.time() + 0.5)] * 6)
         assert outcomes == ["ok"] * 6
+
+
+def _count_under_lock(path: str, times: int) -> None:
+    lock = JournalFileFlock(path)
+    for _ in range(times):
+        lock.acquire()
+        try:  # a read-modify-write that loses counts unless the lock excludes the other writers
+            counter = Path(path + ".count")
+            n = int(counter.read_text() or 0) if counter.exists() else 0
+            time.sleep(0.002)
+            counter.write_text(str(n + 1))
+        finally:
+            lock.release()
+
+
+def test_journal_lock_excludes_other_processes_and_threads(tmp_path):
+    path = str(tmp_path / "study.log")
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_count_under_lock, args=(path, 25)) for _ in range(2)]
+    threads = [threading.Thread(target=_count_under_lock, args=(path, 25)) for _ in range(2)]
+    for w in procs + threads:
+        w.start()
+    for w in procs + threads:
+        w.join(timeout=120)
+    assert [p.exitcode for p in procs] == [0, 0]
+    assert Path(path + ".count").read_text() == str(4 * 25)
+
+
+def test_a_writer_killed_holding_the_journal_lock_blocks_no_one(tmp_path):
+    # Optuna's own locks stay behind a killed writer; waiters break them after 30 s, and several waiters
+    # can break each other's fresh lock ("did not possess lock"). The kernel frees a flock at death.
+    path = tmp_path / "study.log"
+    holder = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import os, signal, sys; from xsearch.storage import JournalFileFlock; "
+            "JournalFileFlock(sys.argv[1]).acquire(); os.kill(os.getpid(), signal.SIGKILL)",
+            str(path),
+        ],
+        timeout=120,
+    )
+    assert holder.returncode == -signal.SIGKILL
+    errors = []
+
+    def write(i: int) -> None:
+        try:
+            study = optuna.create_study(storage=open_storage(f"journal:{path}"), study_name="s", load_if_exists=True)
+            study.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=3)
+        except Exception as e:  # noqa: BLE001 - collected and shown by the assert
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=write, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 20  # well below Optuna's 30 s grace period: a lock left behind is still held
+    for t in threads:
+        t.join(timeout=max(0.0, deadline - time.monotonic()))
+    assert not any(t.is_alive() for t in threads) and errors == []
+    states = [t.state.name for t in optuna.load_study(study_name="s", storage=open_storage(f"journal:{path}")).trials]
+    assert states == ["COMPLETE"] * 9
