@@ -19,8 +19,10 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/xsearch run
 
+# One pytest worker per core (tests/conftest.py gives each one torch thread); TEST_JOBS=0 runs in one process.
+TEST_JOBS ?= auto
 test: $(STAMP)
-	$(PY) -m pytest tests
+	$(PY) -m pytest tests -n $(TEST_JOBS)
 
 bench: $(STAMP)
 	$(PY) bench/attention.py

@@ -8,6 +8,12 @@ import xsearch
 
 D_MODEL, N_HEADS, MAX_LEN = 32, 4, 64
 
+# `make test` runs one pytest-xdist worker per core: each worker, and the processes its tests start, gets one
+# torch thread, since two processes with two threads each on two cores slow each other far more than twice.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+
 
 def small_attention(name: str, *, causal: bool = False, max_len: int = MAX_LEN, **overrides):
     """A small instance of variant ``name`` with its spec's ``small_params``."""
