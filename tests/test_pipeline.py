@@ -40,6 +40,14 @@ def test_user_file_states_only_what_it_changes(tmp_path):
     assert cfg.run_dir == Path("runs/mine")
 
 
+def test_a_supernet_search_may_fine_tune_its_candidates_and_only_it():
+    cfg = load_pipeline_config(overrides={"search.mode": "supernet", "search.inherited_finetune_steps": 50})
+    assert (cfg.search.trial_steps(), cfg.search.sampler_name()) == (50, "tpe")  # each trial trains: few of them
+    assert load_pipeline_config(overrides={"search.mode": "supernet"}).search.sampler_name() == "nsga2"
+    with pytest.raises(PipelineConfigError, match="search.inherited_finetune_steps .* give search.mode 'supernet'"):
+        load_pipeline_config(overrides={"search.inherited_finetune_steps": 50})
+
+
 def test_a_budget_in_seconds_replaces_the_default_steps_and_null_clears_a_key(tmp_path):
     path = tmp_path / "p.yaml"
     path.write_text("search:\n  train_seconds: 5\ntrain:\n  seconds: 20\n")

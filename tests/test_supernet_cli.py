@@ -88,6 +88,38 @@ def test_search_with_inherited_weights_then_extract(trained, tmp_path, capsys):
               "is a model with max_len=32, but the task needs max_len=48")  # fmt: skip
 
 
+def test_search_fine_tunes_each_candidate_from_its_inherited_weights(trained, tmp_path, capsys):
+    from xsearch.training import train
+
+    db = f"sqlite:///{tmp_path}/s.db"
+    search = ["search", *TASK, "--space", "tiny", "--storage", db, "--study", "ft", "--trials", "3",
+              "--supernet", str(trained), "--inherited-finetune-steps", "4", "--lr", "0.002", "--seed", "3",
+              "--latency-repeats", "2", "--quiet"]  # fmt: skip
+    assert main(search) == 0
+    study = optuna.load_study(study_name="ft", storage=db)
+    done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert len(done) == 3
+    done = [t for t in done if "duplicate_of" not in t.user_attrs]  # (a repeat of an architecture trains nothing)
+    assert len(done) >= 2 and all(t.user_attrs["train_steps"] == 4 for t in done)
+    assert all(t.user_attrs["inherited_from"] == str(trained) for t in done)
+    # a few candidates, each trained: the auto sampler is TPE, not the NSGA-II of inherited scoring
+    assert not any("NSGAIISampler:generation" in t.system_attrs for t in done)
+    sn, task = load_supernet(trained), get_task("listops", **TASK_OPTS)
+    for t in done:  # each trial's score is its subnet's inherited weights trained 4 steps (seed + trial number)
+        inherited = extract_subnet(sn, t.user_attrs["model_config"])
+        untrained = xsearch.evaluate_score(inherited, task, "valid")
+        train(inherited, task, steps=4, batch_size=32, lr=0.002, seed=3 + t.number, progress=False)
+        score = xsearch.evaluate_score(inherited, task, "valid")
+        assert score.loss == pytest.approx(t.values[0], abs=1e-6) and score.loss != pytest.approx(untrained.loss)
+        assert score.metric == pytest.approx(t.user_attrs["accuracy"])
+    # (and each trial trained a copy: the supernet the later trials drew from was never changed)
+    _one_line(
+        capsys,
+        ["search", *TASK, "--space", "tiny", "--inherited-finetune-steps", "4"],
+        "--inherited-finetune-steps fine-tunes the weights a supernet gives each candidate: give --supernet",
+    )
+
+
 def _one_line(capsys, argv, needle):
     capsys.readouterr()
     assert main(argv) == 2

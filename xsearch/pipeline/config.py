@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import yaml
 
@@ -79,6 +79,10 @@ class SearchSection(SearchSettings):
     mode: str = option("standalone", "standalone: each trial trains its candidate | supernet: a supernet is "
                        "trained once (the supernet: section) and trials are scored with its weights",
                        choices=SEARCH_MODES)  # fmt: skip
+    SUPERNET_FIELD: ClassVar[tuple[str, str]] = ("mode", "{1} 'supernet'")
+
+    def scored_by_supernet(self) -> bool:
+        return self.mode == "supernet"
 
 
 @dataclass

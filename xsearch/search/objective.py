@@ -137,7 +137,9 @@ class Objective:
             latency_ms = self._latency(trial, cfg, model)
         if self.s.max_latency_ms is not None:
             self._budget(trial, "latency", latency_ms, self.s.max_latency_ms, f"latency {latency_ms:.2f} ms")
-        metric = self._train(trial, model) if self.supernet is None else self._inherited(trial, model)
+        if self.supernet is not None:
+            trial.set_user_attr("inherited_from", str(self.s.supernet))
+        metric = self._inherited(trial, model) if self.s.trial_steps() == 0 else self._train(trial, model)
         return metric if self.single else (metric, latency_ms)
 
     def _inherited(self, trial: optuna.Trial, model) -> float:
@@ -149,7 +151,6 @@ class Objective:
         trial.set_user_attr("train_steps", 0)
         trial.set_user_attr("train_seconds", 0.0)
         trial.set_user_attr("score_seconds", round(time.perf_counter() - start, 3))
-        trial.set_user_attr("inherited_from", str(self.s.supernet))
         return self._scored(trial, score)
 
     def _scored(self, trial: optuna.Trial, score) -> float:
@@ -238,7 +239,8 @@ class Objective:
         raise optuna.TrialPruned(reason)
 
     def _train(self, trial: optuna.Trial, model) -> float:
-        """Train within the per-trial budget; a single-objective study reports validation to its pruner."""
+        """Train within the per-trial budget (from the supernet's weights when it fine-tunes them); a
+        single-objective study reports validation to its pruner."""
         from xsearch.training import evaluate_score, train
         from xsearch.training.device import moved_to, resolve_device
 
@@ -254,7 +256,7 @@ class Objective:
 
         with moved_to(model, resolve_device(self.s.train_device)):  # trained and validated there
             result = train(
-                model, self.task, steps=self.s.train_steps, seconds=self.s.train_seconds,
+                model, self.task, steps=self.s.trial_steps(), seconds=None if self.supernet else self.s.train_seconds,
                 batch_size=self.s.batch_size, lr=self.s.lr, seed=self.s.seed + trial.number, progress=False,
                 eval_every=report_every(self.s) if self.single else None, callback=report if self.single else None,
             )  # fmt: skip

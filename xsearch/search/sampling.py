@@ -25,7 +25,8 @@ def make_sampler(name: str, seed: int, trials: int) -> optuna.samplers.BaseSampl
 
 def report_every(settings: SearchSettings) -> int | None:
     """Training steps between validation reports when a pruner watches training (None: time-based)."""
-    return None if settings.train_steps is None else max(1, settings.train_steps // REPORTS_PER_TRIAL)
+    steps = settings.trial_steps()
+    return None if steps is None else max(1, steps // REPORTS_PER_TRIAL)
 
 
 def make_pruner(settings: SearchSettings) -> optuna.pruners.BasePruner:
@@ -36,7 +37,9 @@ def make_pruner(settings: SearchSettings) -> optuna.pruners.BasePruner:
         every = report_every(settings)
         if every is None:  # a time budget: steps per trial are learnt from the first finished trial
             return optuna.pruners.HyperbandPruner(min_resource=1, max_resource="auto", reduction_factor=3)
-        return optuna.pruners.HyperbandPruner(min_resource=every, max_resource=settings.train_steps, reduction_factor=3)
+        return optuna.pruners.HyperbandPruner(
+            min_resource=every, max_resource=settings.trial_steps(), reduction_factor=3
+        )
     return optuna.pruners.NopPruner()
 
 

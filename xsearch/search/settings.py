@@ -77,6 +77,12 @@ class SearchSettings(StudySettings):
         "a supernet folder (xsearch supernet train): each trial is scored on the validation split with its "
         "inherited weights instead of being trained; with latency_predictor its latency is predicted, not measured",
     )
+    inherited_finetune_steps: int = option(
+        0,
+        "in a supernet search: train each candidate this many steps from its inherited weights (lr, batch_size) "
+        "before scoring it; 0 scores the inherited weights as they are",
+        ge=0,
+    )
     train_steps: int | None = option(
         None, f"training steps per trial (default {DEFAULT_TRAIN_STEPS} without train_seconds)", gt=0
     )
@@ -106,7 +112,18 @@ class SearchSettings(StudySettings):
         """
         if self.sampler != "auto":
             return self.sampler
-        return "nsga2" if self.supernet is not None else "tpe"
+        return "nsga2" if self.scored_by_supernet() and not self.inherited_finetune_steps else "tpe"
+
+    #: The field that makes a search score its trials with a supernet, and how a message asks for it.
+    SUPERNET_FIELD: ClassVar[tuple[str, str]] = ("supernet", "{1}")
+
+    def scored_by_supernet(self) -> bool:
+        return self.supernet is not None
+
+    def trial_steps(self) -> int | None:
+        """The steps each trial trains: ``inherited_finetune_steps`` in a supernet search (0: none), else
+        ``train_steps`` (None: a ``train_seconds`` budget)."""
+        return self.inherited_finetune_steps if self.scored_by_supernet() else self.train_steps
 
     def rules(self) -> None:
         if self.pruner is None:
@@ -118,6 +135,10 @@ class SearchSettings(StudySettings):
             raise SettingError(("pruner", "objective"),
                                f"{{0}} {self.pruner!r} needs {{1}} 'accuracy' (Optuna prunes single-objective "
                                "studies only)")  # fmt: skip
+        if self.inherited_finetune_steps and not self.scored_by_supernet():
+            raise SettingError(("inherited_finetune_steps", self.SUPERNET_FIELD[0]),
+                               "{0} fine-tunes the weights a supernet gives each candidate: give "
+                               + self.SUPERNET_FIELD[1])  # fmt: skip
         if self.train_steps is not None and self.train_seconds is not None:
             raise SettingError(("train_steps", "train_seconds"), "give {0} or {1}, not both")
         if self.train_steps is None and self.train_seconds is None:
