@@ -26,7 +26,7 @@ class CompressSettings(Settings):
     lr: float = option(1e-3, "fine-tuning learning rate", gt=0)
     batch_size: int = option(32, "fine-tuning examples per step", ge=1)
     seed: int = option(0, "seeds the fine-tuning")
-    keep_best: bool = option(False, "end fine-tuning with the weights of its best validation point")
+    keep_best: bool = option(False, "end fine-tuning with the weights of its validation point of lowest loss")
     device: str = same_as(TrainSettings, "device", help="where to fine-tune (with the teacher): cpu, cuda or cuda:N "
                           "(a CUDA GPU torch sees; no fallback to the CPU)")  # fmt: skip
 

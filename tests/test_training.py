@@ -111,10 +111,24 @@ def test_keep_best_leaves_the_weights_of_the_best_validation_point(task):
 
     result = xsearch.train(model, task, steps=60, batch_size=16, lr=3e-3, eval_every=10, eval_batches=None,
                            keep_best=True, callback=spoil, progress=False)  # fmt: skip
-    valid = [r["valid"] for r in result.history]
-    assert result.best_step <= 40 and result.valid_metric == max(valid)
-    assert result.best_step == result.history[valid.index(max(valid))]["step"]
-    assert xsearch.evaluate(model, task, "valid") == pytest.approx(max(valid))
+    losses = [r["valid_loss"] for r in result.history]
+    kept = result.history[losses.index(min(losses))]
+    assert result.best_step == kept["step"] <= 40 and result.valid_metric == kept["valid"]
+    score = xsearch.evaluate_score(model, task, "valid")
+    assert score.loss == pytest.approx(min(losses)) and score.metric == pytest.approx(kept["valid"])
+
+
+def test_keep_best_chooses_by_loss_among_points_whose_accuracy_ties():
+    from xsearch.training.loop import _Best
+
+    model = torch.nn.Linear(2, 2)
+    best = _Best(model, keep=True)
+    for step, valid, loss in [(10, 0.34, 1.90), (20, 0.34, 1.85), (30, 0.30, 1.95), (40, 0.34, 1.80)]:
+        with torch.no_grad():
+            model.weight.fill_(step)
+        best.offer({"step": step, "valid": valid, "valid_loss": loss})
+    # by accuracy the first of the tied 0.34 (step 10, the least trained) would be kept
+    assert best.record["step"] == 40 and float(best.state["weight"][0, 0]) == 40.0
 
 
 def test_weight_average_is_an_exponential_moving_average():

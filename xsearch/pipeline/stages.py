@@ -288,7 +288,7 @@ def _train_fully(ctx: RunContext, work: Path, config: dict[str, Any], init=None,
     ctx.echo(f"  {describe_config(config)}: {trained.parameters:,} parameters")
     ctx.save_model(trained.model, work)
     r = trained.result
-    kept = f" (weights of step {r.best_step}, the best on validation)" if t.keep_best else ""
+    kept = f" (weights of step {r.best_step}, the lowest validation loss)" if t.keep_best else ""
     budget = f"{r.steps} steps" + (f" in {r.seconds:.0f} s" if t.seconds is not None else f" ({r.seconds:.0f} s)")
     ctx.echo(f"  {budget}{kept}; test {_metric_name(ctx)} {trained.test_metric:.4f} (chance {trained.chance:.4f})")
     return {"model": "model", "test_metric": trained.test_metric, "chance": trained.chance, "steps": r.steps,

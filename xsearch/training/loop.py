@@ -124,8 +124,9 @@ def train(
         loss_fn: ``(model, ids, mask, labels) -> loss``; default cross-entropy (distillation
             passes its own).
         callback: called as ``callback(step, record)`` at each validation point.
-        keep_best: leave the model with the weights of its best validation point (early stopping's
-            checkpoint choice: a small model trained for many steps can overfit a small train split).
+        keep_best: leave the model with the weights of its validation point of lowest loss (early
+            stopping's checkpoint choice: a small model trained for many steps can overfit a small train
+            split); ``valid_metric`` is then that point's metric.
         label_smoothing: of the default loss's targets (0 = off; not applied to a ``loss_fn`` of one's own).
         ema: decay of an exponential moving average of the weights (0 = off); when on, the averaged weights
             are the ones validated and the ones the model ends with.
@@ -167,7 +168,7 @@ def train(
         model.train()
         average = WeightAverage(model, ema) if ema else None
         scored = average.module if average else model  # what is validated and kept
-        best = _Best(scored, keep_best, higher_is_better=task.kind != "lm")
+        best = _Best(scored, keep_best)
         batches = endless_batches(task, batch_size, seed)
         result = TrainResult(0, 0.0, float("nan"))
         loop = StepLoop(opt, params, lr=lr, warmup=warmup_frac, grad_clip=grad_clip, steps=steps, seconds=seconds,
@@ -203,7 +204,7 @@ def train(
             model.load_state_dict(average.module.state_dict())
         if keep_best and best.state is not None:
             model.load_state_dict(best.state)
-            result.best_step, result.valid_metric = best.step, best.value
+            result.best_step, result.valid_metric = best.record["step"], best.record["valid"]
         model.eval()
     result.steps = step
     result.seconds = loop.elapsed
@@ -212,20 +213,25 @@ def train(
 
 
 class _Best:
-    """The weights at the best validation point so far (kept only when asked)."""
+    """The weights at the validation point of lowest loss so far (kept only when asked).
 
-    def __init__(self, model: nn.Module, keep: bool, *, higher_is_better: bool) -> None:
-        self.model, self.keep, self.sign = model, keep, 1.0 if higher_is_better else -1.0
+    The loss, not the accuracy: on a plateau the accuracies of several points tie (ListOps' early points
+    sit at the outermost operator's level), and the first of them, the least trained, would be kept. The
+    cross-entropy still orders them, and it is what a search ranks by (``rank_by`` "loss"). For ``lm`` the
+    loss is the bits per byte's own order.
+    """
+
+    def __init__(self, model: nn.Module, keep: bool) -> None:
+        self.model, self.keep = model, keep
         self.state: dict[str, torch.Tensor] | None = None
-        self.step: int | None = None
-        self.value: float | None = None
+        self.record: dict[str, Any] | None = None
 
     def offer(self, rec: dict[str, Any]) -> None:
-        if not self.keep or not math.isfinite(rec["valid"]):
+        if not self.keep or not math.isfinite(rec["valid_loss"]):
             return
-        if self.value is None or self.sign * rec["valid"] > self.sign * self.value:
+        if self.record is None or rec["valid_loss"] < self.record["valid_loss"]:
             self.state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
-            self.step, self.value = rec["step"], rec["valid"]
+            self.record = rec
 
 
 def _record(model, task, step, window, opt, eval_batches, batch_size) -> dict[str, Any]:

@@ -45,7 +45,7 @@ class TrainSettings(Settings):
     weight_decay: float = option(0.01, "AdamW weight decay (not on biases and norms)", ge=0)
     grad_clip: float = option(1.0, "largest gradient norm (0: no clipping)", ge=0)
     seed: int = option(0, "seeds the initial weights, the batch order and dropout")
-    keep_best: bool = option(False, "end with the weights of the best validation point (a small model can overfit)")
+    keep_best: bool = option(False, "end with the weights of the lowest validation loss (a small model can overfit)")
     eval_every: int | None = option(None, "validate every this many steps (default: 4 times a run)", gt=0)
     label_smoothing: float = option(0.0, "smoothing of the targets of the loss (0: off)", ge=0, lt=1)
     ema: float = option(0.0, "decay of a moving average of the weights, validated and kept (0: off; e.g. 0.99)",
