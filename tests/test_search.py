@@ -383,3 +383,15 @@ def test_a_study_reads_well_in_optuna_dashboard(tmp_path):
     assert list(shown) == ["params"] and shown["params"] <= 0  # the parameter budget, met
     study_keys = {a["key"] for a in detail["user_attrs"]}
     assert {"chance", "metric", "task", "space"} <= study_keys
+
+
+def test_the_pruner_watches_the_steps_a_trial_trains_and_none_when_it_trains_none():
+    from xsearch.search.sampling import make_pruner
+
+    budgeted = dict(objective="accuracy", max_latency_ms=1.0, train_steps=160)
+    standalone = make_pruner(SearchSettings(**budgeted))
+    finetuned = make_pruner(SearchSettings(**budgeted, supernet="sn", inherited_finetune_steps=40))
+    inherited = make_pruner(SearchSettings(**budgeted, supernet="sn"))
+    assert isinstance(standalone, optuna.pruners.HyperbandPruner) and standalone._max_resource == 160
+    assert isinstance(finetuned, optuna.pruners.HyperbandPruner) and finetuned._max_resource == 40
+    assert isinstance(inherited, optuna.pruners.NopPruner)  # (inherited scores report nothing to prune on)

@@ -30,7 +30,10 @@ def report_every(settings: SearchSettings) -> int | None:
 
 
 def make_pruner(settings: SearchSettings) -> optuna.pruners.BasePruner:
-    """The pruner of an ``objective="accuracy"`` study; its resources are training steps."""
+    """The pruner of an ``objective="accuracy"`` study; its resources are training steps (none when no trial
+    trains: a supernet search scoring inherited weights)."""
+    if settings.trial_steps() == 0:
+        return optuna.pruners.NopPruner()
     if settings.pruner == "median":
         return optuna.pruners.MedianPruner(n_startup_trials=min(5, max(1, settings.trials // 5)), n_warmup_steps=0)
     if settings.pruner == "hyperband":
