@@ -25,9 +25,10 @@ def settings(tmp_path, **kw):
 
 def test_the_auto_sampler_is_tpe_for_trained_trials_and_nsga2_for_a_supernet(tmp_path):
     assert settings(tmp_path).sampler_name() == "tpe"
-    assert settings(tmp_path, supernet=str(tmp_path / "sn")).sampler_name() == "nsga2"
+    inherited = dict(supernet=str(tmp_path / "sn"), train_steps=None)
+    assert settings(tmp_path, **inherited).sampler_name() == "nsga2"
     for name in ("tpe", "random"):  # a sampler asked for by name is the one used
-        assert settings(tmp_path, supernet=str(tmp_path / "sn"), sampler=name).sampler_name() == name
+        assert settings(tmp_path, **inherited, sampler=name).sampler_name() == name
 
 
 def test_search_end_to_end_resume_and_report(tmp_path, capsys, caplog):
@@ -273,6 +274,16 @@ def test_budgeted_search_prunes_over_budget_before_training_and_stops_weak_trial
         run_search(settings(tmp_path, objective="accuracy", max_latency_ms=0.6, trials=4), progress=False)
 
 
+def test_a_study_of_the_same_directions_that_ranks_by_another_metric_is_refused(tmp_path):
+    from xsearch.search.study import open_study
+
+    s = settings(tmp_path, objective="accuracy", max_latency_ms=1.0)  # minimizes the validation loss
+    assert open_study(s, "classify").metric_names == ["valid_loss"]
+    with pytest.raises(ValueError, match="study 't' ranks by 'valid_loss', not 'bits_per_byte'"):
+        open_study(s, "lm")  # (bits per byte: minimized too, so the directions alone would not tell)
+    assert open_study(s, "classify").metric_names == ["valid_loss"]  # (refused, not renamed)
+
+
 def test_a_budgeted_search_ranked_by_loss_reports_the_loss_to_its_pruner(tmp_path):
     s = settings(tmp_path, objective="accuracy", max_latency_ms=1e9, trials=2, train_steps=8, pruner="none",
                  target="torch-cpu")  # fmt: skip
@@ -388,8 +399,8 @@ def test_a_study_reads_well_in_optuna_dashboard(tmp_path):
 def test_the_pruner_watches_the_steps_a_trial_trains_and_none_when_it_trains_none():
     from xsearch.search.sampling import make_pruner
 
-    budgeted = dict(objective="accuracy", max_latency_ms=1.0, train_steps=160)
-    standalone = make_pruner(SearchSettings(**budgeted))
+    budgeted = dict(objective="accuracy", max_latency_ms=1.0)
+    standalone = make_pruner(SearchSettings(**budgeted, train_steps=160))
     finetuned = make_pruner(SearchSettings(**budgeted, supernet="sn", inherited_finetune_steps=40))
     inherited = make_pruner(SearchSettings(**budgeted, supernet="sn"))
     assert isinstance(standalone, optuna.pruners.HyperbandPruner) and standalone._max_resource == 160

@@ -6,10 +6,12 @@ import signal
 import subprocess
 import sys
 import time
+from importlib import resources
 
 import optuna
 import pytest
 import torch
+import yaml
 
 import xsearch
 from xsearch.cli import main
@@ -118,6 +120,10 @@ def test_search_fine_tunes_each_candidate_from_its_inherited_weights(trained, tm
         ["search", *TASK, "--space", "tiny", "--inherited-finetune-steps", "4"],
         "--inherited-finetune-steps fine-tunes the weights a supernet gives each candidate: give --supernet",
     )
+    for budget in (["--train-steps", "4"], ["--train-seconds", "2"]):  # a budget that would go unused is refused
+        _one_line(capsys, ["search", *TASK, "--space", "tiny", "--supernet", str(trained), *budget],
+                  f"{budget[0]} trains each candidate from new weights, and a search with --supernet trains none: "
+                  "give --inherited-finetune-steps")  # fmt: skip
 
 
 def _one_line(capsys, argv, needle):
@@ -136,6 +142,16 @@ def test_a_supernet_of_another_space_or_task_is_refused(trained, tmp_path, capsy
     _one_line(capsys, [*search, "--space", "tiny", "--supernet", str(tmp_path)], "is not a saved supernet")
     retrain = ["supernet", "train", *TASK, "--space", "per_layer", "--steps", "20", "--quiet", "--out", str(trained)]
     _one_line(capsys, retrain, "was built for space 'tiny', not 'per_layer'")
+    # a space is what it holds: a renamed copy with its own description and its variants in another order is
+    # the same space; one more FFN ratio is another, and the message names where they part
+    tiny = yaml.safe_load(resources.files("xsearch.search_spaces").joinpath("tiny.yaml").read_text())
+    copy = {**tiny, "name": "mine", "description": "my copy", "attention": dict(reversed(tiny["attention"].items()))}
+    (tmp_path / "mine.yaml").write_text(yaml.safe_dump(copy))
+    assert main([*search, "--space", str(tmp_path / "mine.yaml"), "--study", "mine"]) == 0
+    copy["model"]["ffn_ratio"] = [1, 2, 4]
+    (tmp_path / "wider.yaml").write_text(yaml.safe_dump(copy))
+    _one_line(capsys, [*search, "--space", str(tmp_path / "wider.yaml")], "was built for space 'tiny', not 'mine' "
+              "as given (first difference: model.ffn_ratio [1, 2] there, [1, 2, 4] here)")  # fmt: skip
 
 
 def test_supernet_training_warm_starts_from_a_trained_model(trained, tmp_path, capsys):

@@ -84,6 +84,10 @@ class SearchSection(SearchSettings):
     def scored_by_supernet(self) -> bool:
         return self.mode == "supernet"
 
+    def check_no_training_budget(self) -> None:
+        """The section holds both modes' settings (as the file holds a ``supernet:`` section in standalone
+        mode): ``train_steps`` / ``train_seconds`` are standalone mode's, and supernet mode leaves them be."""
+
 
 @dataclass
 class CompressSection(CompressSettings):

@@ -125,6 +125,16 @@ class SearchSettings(StudySettings):
         ``train_steps`` (None: a ``train_seconds`` budget)."""
         return self.inherited_finetune_steps if self.scored_by_supernet() else self.train_steps
 
+    def check_no_training_budget(self) -> None:
+        """A search scored by a supernet trains no candidate from new weights, so a budget for that training
+        would go unused without a word: it is refused, naming the option that trains from inherited weights."""
+        for name in ("train_steps", "train_seconds"):
+            if getattr(self, name) is not None:
+                raise SettingError((name, self.SUPERNET_FIELD[0], "inherited_finetune_steps"),
+                                   "{0} trains each candidate from new weights, and a search with "
+                                   + self.SUPERNET_FIELD[1] + " trains none: give {2} to train each from its "
+                                   "inherited weights")  # fmt: skip
+
     def rules(self) -> None:
         if self.pruner is None:
             self.pruner = "hyperband" if self.objective == "accuracy" else "none"
@@ -139,6 +149,8 @@ class SearchSettings(StudySettings):
             raise SettingError(("inherited_finetune_steps", self.SUPERNET_FIELD[0]),
                                "{0} fine-tunes the weights a supernet gives each candidate: give "
                                + self.SUPERNET_FIELD[1])  # fmt: skip
+        if self.scored_by_supernet():
+            self.check_no_training_budget()
         if self.train_steps is not None and self.train_seconds is not None:
             raise SettingError(("train_steps", "train_seconds"), "give {0} or {1}, not both")
         if self.train_steps is None and self.train_seconds is None:

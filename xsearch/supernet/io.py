@@ -90,6 +90,10 @@ def check_matches(held_space: str, held_task_fields: dict[str, Any], space, task
                   where: str) -> None:  # fmt: skip
     """Refuse a supernet built for another space or task, naming the first difference.
 
+    Spaces are compared by what they hold (their dimensions, variants, reference and ``per_layer``), not by
+    their text, name or description: a copy of a space under another name, or one an older xsearch wrote with
+    its keys in another order, is the same space.
+
     Args:
         held_space: the YAML of the space the supernet was built for (``SearchSpace.to_yaml()``).
         held_task_fields: the task fields it was built for.
@@ -105,11 +109,25 @@ def check_matches(held_space: str, held_task_fields: dict[str, Any], space, task
 
     if shown := show_differences(held_task_fields, task_fields, held_as="there", now_as="in this task"):
         raise SubnetMismatchError(f"supernet {where} was built for another task ({shown})")
-    if space.to_yaml() != held_space:
-        mine, theirs = space.to_yaml().splitlines(), held_space.splitlines()
-        first = next((i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b), min(len(mine), len(theirs)))
-        got = mine[first].strip() if first < len(mine) else "(end)"
-        held = theirs[first].strip() if first < len(theirs) else "(end)"
-        name = (yaml.safe_load(held_space) or {}).get("name")
-        raise SubnetMismatchError(f"supernet {where} was built for space {name!r}, not {space.name!r} as "
-                                  f"given (first difference: {held!r} vs {got!r})")  # fmt: skip
+    held, now = (yaml.safe_load(text) or {} for text in (held_space, space.to_yaml()))
+    if found := first_difference(*({k: v for k, v in doc.items() if k not in UNCOMPARED} for doc in (held, now))):
+        key, there, here = found
+        raise SubnetMismatchError(f"supernet {where} was built for space {held.get('name')!r}, not {space.name!r} "
+                                  f"as given (first difference: {key} {there!r} there, {here!r} here)")  # fmt: skip
+
+
+#: What a space's YAML holds that does not change which subnets it has.
+UNCOMPARED = ("name", "description")
+_ABSENT = "(absent)"
+
+
+def first_difference(held: Any, now: Any, path: tuple[str, ...] = ()) -> tuple[str, Any, Any] | None:
+    """The dotted key of the first place two parsed YAML documents differ, and both values there (``"(absent)"``
+    for a key one of them lacks); None when they are equal."""
+    if isinstance(held, dict) and isinstance(now, dict):
+        for key in [*held, *(k for k in now if k not in held)]:
+            found = first_difference(held.get(key, _ABSENT), now.get(key, _ABSENT), (*path, str(key)))
+            if found:
+                return found
+        return None
+    return None if held == now else (".".join(path), held, now)
