@@ -8,7 +8,7 @@ token) over ``--seeds`` seeds, and reports the mean and spread of
 the test accuracy beside the chance level (majority class). Budgets are in steps; seconds are printed and
 depend on the machine's load. ``--compile`` also times ``torch.compile`` against eager per step.
 
-    python bench/recipe.py [--steps 600] [--seeds 2] [--variants base,lr1e-3,...] [--compile] [--json out.json]
+    python bench/recipe.py [--steps 600] [--seeds 3] [--variants base,lr1e-3,...] [--compile] [--json out.json]
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ def main(argv=None) -> int:
     p.add_argument("--n-train", type=int, default=4000)
     p.add_argument("--steps", type=int, default=600)
     p.add_argument("--pretrain-steps", type=int, default=600)
-    p.add_argument("--seeds", type=int, default=2)
+    p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--variants", default=",".join(VARIANTS))
     p.add_argument("--compile", action="store_true", help="also time torch.compile against eager")
     p.add_argument("--threads", type=int, default=2)
