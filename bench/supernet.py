@@ -149,6 +149,9 @@ def main() -> int:
     p.add_argument("--n-eval", type=int, default=500, help="validation and test examples each")
     p.add_argument("--subnets", type=int, default=24)
     p.add_argument("--supernet-steps", type=int, default=3000)
+    p.add_argument("--supernet-seconds", type=float, metavar="S", help="train each ranking supernet for S seconds "
+                   "instead of --supernet-steps passes (a GPU sitting's deadline): its --scores line keeps the passes "
+                   "it reached as its --supernet-steps, the budget to rank it again by")  # fmt: skip
     p.add_argument("--standalone-steps", type=int, default=1000)
     p.add_argument("--proxy-steps", type=int, default=200)
     p.add_argument("--lr", type=float, default=2e-3)
@@ -244,6 +247,9 @@ def main() -> int:
             raise SystemExit("--rank-only ranks kept figures: give --ledger and --scores")
         args.max_new = 0
     args.one_subnet_within = [v for v in args.one_subnet_within.split(",") if v]
+    if args.supernet_seconds is not None and (args.split_by or "progressive" in args.sampling.split(",")):
+        raise SystemExit("--supernet-seconds: --split-by shares out passes, and progressive shrinking follows a "
+                         "schedule of steps; give --supernet-steps")  # fmt: skip
     if len(args.truth_seeds) > 1 and not args.ledger:
         raise SystemExit("--truth-seeds: the other seeds' figures come from --ledger")
     logging.basicConfig(level=logging.WARNING)

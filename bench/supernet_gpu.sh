@@ -12,13 +12,21 @@
 #
 # OUTDIR receives ledger-new.jsonl, scores-new.jsonl and log.txt. Environment: SLOTS (8; 0: no ground-truth
 # units, the supernets alone: beside 8 of them a supernet pass took 0.37 s on an H200, which the GPU, busy
-# at 100%, shared among 10 processes), SUPERNET_STEPS (9000), PYTHON (python3), LEDGER (bench/results/supernet-ranking-listops512.jsonl), PROTOCOL (the bench's
-# budget and device options; a smoke run on the CPU names smaller ones).
+# at 100%, shared among 10 processes), SUPERNET_STEPS (9000), SUPERNET_SECONDS (unset; set, each supernet
+# trains that many seconds instead, and its scores line keeps the passes it reached as its budget: the way to
+# fit a sitting shorter than SUPERNET_STEPS would take; leave the deadline a margin for the 24 subnets' scoring),
+# SUPERNET_FLAGS (more bench flags for the supernets, e.g. "--warm-start 1000"), PYTHON (python3), LEDGER
+# (bench/results/supernet-ranking-listops512.jsonl), PROTOCOL (the bench's budget and device options; a smoke run
+# on the CPU names smaller ones). A sitting of the device tool (10 minutes a command):
+#
+#   SLOTS=0 SUPERNET_SECONDS=360 SUPERNET_FLAGS="--warm-start 1000" bash bench/supernet_gpu.sh OUT 540
 set -u
 OUTDIR=${1:?usage: bench/supernet_gpu.sh OUTDIR [DEADLINE_SECONDS]}
 DEADLINE=${2:-480}
 SLOTS=${SLOTS:-8}
 SUPERNET_STEPS=${SUPERNET_STEPS:-9000}
+SUPERNET_SECONDS=${SUPERNET_SECONDS:-}
+SUPERNET_FLAGS=${SUPERNET_FLAGS:-}
 PYTHON=${PYTHON:-python3}
 LEDGER=${LEDGER:-bench/results/supernet-ranking-listops512.jsonl}
 PROTOCOL=${PROTOCOL:-"--max-len 512 --n-train 32000 --n-eval 2000 --device cuda --train-threads 1"}
@@ -26,7 +34,9 @@ mkdir -p "$OUTDIR"
 work=$(mktemp -d)
 log="$OUTDIR/log.txt"
 start=$(date +%s)
-echo "start $(date -u +%FT%TZ); deadline ${DEADLINE}s; slots $SLOTS; supernets $SUPERNET_STEPS passes" >>"$log"
+budget=(--supernet-steps "$SUPERNET_STEPS")
+[ -n "$SUPERNET_SECONDS" ] && budget=(--supernet-seconds "$SUPERNET_SECONDS")
+echo "start $(date -u +%FT%TZ); deadline ${DEADLINE}s; slots $SLOTS; supernets ${budget[*]} $SUPERNET_FLAGS" >>"$log"
 nvidia-smi --query-gpu=name,utilization.gpu,memory.used --format=csv,noheader -l 30 >"$work/smi.log" 2>&1 &
 smi=$!
 
@@ -42,7 +52,8 @@ export work start LEDGER PYTHON PROTOCOL
 
 supernets=()
 for space in default per_layer; do
-    unit "sn-$space" --max-new 0 --spaces "$space" --sampling uniform --supernet-steps "$SUPERNET_STEPS" \
+    # shellcheck disable=SC2086  # (SUPERNET_FLAGS: words)
+    unit "sn-$space" --max-new 0 --spaces "$space" --sampling uniform "${budget[@]}" $SUPERNET_FLAGS \
         --scores "$work/scores-$space.jsonl" --supernet-work "$work/sn" --checkpoint-every 1000 &
     supernets+=($!)
 done

@@ -198,7 +198,11 @@ class Scores:
             return None
         return run
 
-    def add(self, run: dict) -> None:
-        doc = {"budget": self.budget, **run}
-        self.runs[self.key(doc)] = doc
+    def add(self, run: dict, *, passes: int | None = None) -> None:
+        """Keep ``run`` under this budget, or, given ``passes`` (a supernet trained to a deadline), under this
+        budget with those passes as its ``supernet_steps``."""
+        budget = self.budget if passes is None else {**self.budget, "supernet_steps": passes}
+        doc = {"budget": budget, **run}
+        if budget == self.budget:
+            self.runs[self.key(doc)] = doc
         append_line(self.path, doc)

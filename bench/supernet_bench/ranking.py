@@ -128,6 +128,6 @@ def run_space(
             run = (score_with_split_supernets if args.split_by else score_with_supernet)(space, subnets, task, rule,
                                                                                          args)  # fmt: skip
             if scores:
-                scores.add(run)
+                scores.add(run, passes=run["subnet_passes"] if args.supernet_seconds is not None else None)
         results.append(rank(run, subnets, truth_rows))
     return subnets, results

@@ -49,7 +49,9 @@ def print_ranking(task, args) -> dict:
             r["perfect_ranker_tau"] = noise_ceiling(truth, ground_noise(ledger, float(np.mean(truth)), args.n_eval)[0])
     protocol = args.max_len >= 512 and args.subnets >= 24 and args.standalone_steps >= 1000
     print()
-    print(f"{args.subnets} subnets per space; supernet {args.supernet_steps} steps, proxy {args.proxy_steps}, "
+    supernet = (f"{args.supernet_seconds:g} s (its passes in each row)" if args.supernet_seconds is not None
+                else f"{args.supernet_steps} steps")  # fmt: skip
+    print(f"{args.subnets} subnets per space; supernet {supernet}, proxy {args.proxy_steps}, "
           f"standalone {args.standalone_steps} steps; "
           + ("the issue's protocol" if protocol else "SMALLER than the issue's protocol (512 tokens, 24 subnets, "
              ">= 1,000 standalone steps)"))  # fmt: skip

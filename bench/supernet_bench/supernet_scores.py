@@ -39,13 +39,16 @@ def score_with_supernet(space, subnets: list, task, rule: str, args, *, passes: 
                                      device=args.device,
                                      checkpoint_every=args.checkpoint_every)  # fmt: skip
     settings = dataclasses.replace(settings, steps=max(1, passes // settings.subnets_per_step))
+    if args.supernet_seconds is not None:  # (a deadline: the passes it reaches are its budget)
+        settings = dataclasses.replace(settings, steps=None, seconds=args.supernet_seconds)
     out = None
     if args.supernet_work:
         shrink = f"-shrink{args.shrink_fraction:g}" if rule == "progressive" and args.shrink_fraction != 0.5 else ""
         seed = f"-seed{args.supernet_seed}" if args.supernet_seed != args.seed else ""
         scaled = "".join(f"-{v}" for k, v in layout(args).items() if v != LAYOUT_DEFAULTS[k])
+        budget = f"{args.supernet_seconds:g}s" if args.supernet_seconds is not None else passes
         out = (Path(args.supernet_work)
-               / f"{space.name}-{rule}-{passes}-warm{args.warm_start}{shrink}{seed}{scaled}")  # fmt: skip
+               / f"{space.name}-{rule}-{budget}-warm{args.warm_start}{shrink}{seed}{scaled}")  # fmt: skip
     record = train_supernet(sn, task, settings, out=out, progress=out is not None, init=warm and warm["model"])
     supernet_s = record["seconds"]  # (over every sitting of a resumed run)
     scores = []
