@@ -1,4 +1,5 @@
 import csv
+import dataclasses
 import json
 import logging
 
@@ -27,6 +28,9 @@ def test_the_auto_sampler_is_tpe_for_trained_trials_and_nsga2_for_a_supernet(tmp
     assert settings(tmp_path).sampler_name() == "tpe"
     inherited = dict(supernet=str(tmp_path / "sn"), train_steps=None)
     assert settings(tmp_path, **inherited).sampler_name() == "nsga2"
+    # no training budget is filled in for it, so the settings validate again as they are
+    again = dataclasses.replace(settings(tmp_path, **inherited), trials=5)
+    assert again.train_steps is None and again.trial_steps() == 0
     for name in ("tpe", "random"):  # a sampler asked for by name is the one used
         assert settings(tmp_path, **inherited, sampler=name).sampler_name() == name
 

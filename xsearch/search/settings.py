@@ -153,9 +153,9 @@ class SearchSettings(StudySettings):
             self.check_no_training_budget()
         if self.train_steps is not None and self.train_seconds is not None:
             raise SettingError(("train_steps", "train_seconds"), "give {0} or {1}, not both")
-        if self.train_steps is None and self.train_seconds is None:
-            self.train_steps = DEFAULT_TRAIN_STEPS
-        if self.pruner == "median" and self.train_steps is None:
+        if self.train_steps is None and self.train_seconds is None and not self.scored_by_supernet():
+            self.train_steps = DEFAULT_TRAIN_STEPS  # (not in a supernet search: it would then be a budget given)
+        if self.pruner == "median" and self.trial_steps() is None:
             raise SettingError(
                 ("pruner", "train_steps"), "{0} 'median' compares trials at equal training steps: give {1}"
             )
