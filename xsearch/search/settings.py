@@ -84,8 +84,9 @@ class SearchSettings(StudySettings):
         ge=0,
     )
     train_steps: int | None = option(
-        None, f"training steps per trial (default {DEFAULT_TRAIN_STEPS} without train_seconds)", gt=0
-    )
+        None, f"training steps per trial, from new weights (default {DEFAULT_TRAIN_STEPS} without train_seconds; "
+        "a search scored by a supernet trains inherited_finetune_steps instead)", gt=0,
+    )  # fmt: skip
     train_seconds: float | None = option(None, "training seconds per trial, instead of train_steps", gt=0)
     batch_size: int = option(32, "examples per training step", ge=1)
     lr: float = option(1e-3, "peak learning rate of each trial's training", gt=0)
