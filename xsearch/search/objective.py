@@ -254,10 +254,9 @@ class Objective:
                 trial.set_user_attr("train_seconds", round(time.perf_counter() - start, 2))
                 self._prune(trial, f"stopped early at step {step}: {self.metric} {record[reported]:.4f}")
 
-        seconds = None if self.s.scored_by_supernet() else self.s.train_seconds  # (a fine-tune counts steps)
         with moved_to(model, resolve_device(self.s.train_device)):  # trained and validated there
             result = train(
-                model, self.task, steps=self.s.trial_steps(), seconds=seconds,
+                model, self.task, steps=self.s.trial_steps(), seconds=self.s.trial_seconds(),
                 batch_size=self.s.batch_size, lr=self.s.lr, seed=self.s.seed + trial.number, progress=False,
                 eval_every=report_every(self.s) if self.single else None, callback=report if self.single else None,
             )  # fmt: skip

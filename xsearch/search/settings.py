@@ -126,6 +126,11 @@ class SearchSettings(StudySettings):
         ``train_steps`` (None: a ``train_seconds`` budget)."""
         return self.inherited_finetune_steps if self.scored_by_supernet() else self.train_steps
 
+    def trial_seconds(self) -> float | None:
+        """The seconds each trial trains: ``train_seconds`` in a standalone search; None in a supernet search
+        (its fine-tune counts steps, and the pipeline's section keeps standalone mode's budget)."""
+        return None if self.scored_by_supernet() else self.train_seconds
+
     def check_no_training_budget(self) -> None:
         """A search scored by a supernet trains no candidate from new weights, so a budget for that training
         would go unused without a word: it is refused, naming the option that trains from inherited weights."""
